@@ -1,0 +1,42 @@
+/**
+ * The base models loops-mock accepts: the rows of Loops' supported-models
+ * page. Capabilities, run/sampler validation and (later) the engine's model
+ * shapes and tokenizer mapping all read this one table.
+ */
+export interface BaseModelInfo {
+  /** Hugging Face repo id, as clients pass it in `base_model`. */
+  name: string;
+  /** Longest sequence (prompt + completion, in tokens) a run or sampler of this model accepts. */
+  maxContextLength: number;
+  /** Whether the real model takes image inputs (the mock itself rejects image chunks). */
+  supportsVisionLanguage: boolean;
+}
+
+const QWEN3_5_FAMILY = ['0.8B', '2B', '4B', '9B', '27B', '35B-A3B', '122B-A10B', '397B-A17B'].map((size) => `Qwen/Qwen3.5-${size}`);
+
+// Lengths from Loops' supported-models page (8,192 and 40,960 for the two
+// small Qwen3 models, 131,072 for the rest); vision flags from the model cards.
+export const BASE_MODELS: readonly BaseModelInfo[] = [
+  { name: 'Qwen/Qwen3-0.6B', maxContextLength: 8192, supportsVisionLanguage: false },
+  { name: 'Qwen/Qwen3-4B-Instruct-2507', maxContextLength: 40960, supportsVisionLanguage: false },
+  { name: 'Qwen/Qwen3-8B', maxContextLength: 131072, supportsVisionLanguage: false },
+  { name: 'Qwen/Qwen3-30B-A3B-Instruct-2507', maxContextLength: 131072, supportsVisionLanguage: false },
+  ...QWEN3_5_FAMILY.map((name) => ({ name, maxContextLength: 131072, supportsVisionLanguage: true })),
+  { name: 'Qwen/Qwen3.6-27B', maxContextLength: 131072, supportsVisionLanguage: true },
+  { name: 'Qwen/Qwen3.6-35B-A3B', maxContextLength: 131072, supportsVisionLanguage: true },
+  { name: 'moonshotai/Kimi-K2.6', maxContextLength: 131072, supportsVisionLanguage: true },
+  { name: 'deepseek-ai/DeepSeek-V4-Pro', maxContextLength: 131072, supportsVisionLanguage: false },
+  { name: 'deepseek-ai/DeepSeek-V4-Flash', maxContextLength: 131072, supportsVisionLanguage: false },
+  { name: 'zai-org/GLM-5.1', maxContextLength: 131072, supportsVisionLanguage: false },
+  { name: 'MiniMaxAI/MiniMax-M2.7', maxContextLength: 131072, supportsVisionLanguage: false },
+];
+
+const BY_NAME = new Map(BASE_MODELS.map((m) => [m.name, m]));
+
+export function findBaseModel(name: string): BaseModelInfo | undefined {
+  return BY_NAME.get(name);
+}
+
+export function supportedModelNames(): string[] {
+  return BASE_MODELS.map((m) => m.name);
+}

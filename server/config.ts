@@ -1,0 +1,119 @@
+import type { ApiKeySpec } from './core/accounts.js';
+
+export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
+export type LogLevelName = (typeof LOG_LEVELS)[number];
+
+/** Everything the server can be told, by flag, environment variable or the programmatic API. */
+export interface ServerOptions {
+  port: number;
+  host: string;
+  /** The URL put into `base_url` fields; defaults to where the server listens. */
+  publicUrl?: string;
+  /** Durable state lives here; without it, in memory. */
+  dataDir?: string;
+  /** When non-empty, only these keys are accepted. */
+  apiKeys: ApiKeySpec[];
+  logLevel: LogLevelName;
+  /** Largest request body, in bytes. */
+  bodyLimit: number;
+  /** How long new trainers and samplers take to become ready. */
+  coldStartMs: number;
+  /** How long a sampler stays DEACTIVATING. */
+  deactivationMs: number;
+  /** Replicas of each new sampler. */
+  samplerReplicas: number;
+  /** Lifetime of presigned checkpoint-file URLs. */
+  presignTtlSeconds: number;
+}
+
+export const DEFAULTS: ServerOptions = {
+  port: 8787,
+  host: '127.0.0.1',
+  apiKeys: [],
+  logLevel: 'warn',
+  bodyLimit: 32 * 1024 * 1024,
+  coldStartMs: 0,
+  deactivationMs: 0,
+  samplerReplicas: 1,
+  presignTtlSeconds: 3600,
+};
+
+export class ConfigError extends Error {}
+
+type Setter = (options: ServerOptions, value: string) => void;
+
+interface FlagSpec {
+  help: string;
+  set: Setter;
+  repeatable?: boolean;
+}
+
+function integer(flag: string, min: number, max: number): (value: string) => number {
+  return (value) => {
+    const n = Number(value);
+    if (!/^\d+$/.test(value.trim()) || !Number.isSafeInteger(n) || n < min || n > max) throw new ConfigError(`--${flag} must be a whole number from ${min} to ${max}, got '${value}'`);
+    return n;
+  };
+}
+
+export function parseApiKey(value: string): ApiKeySpec {
+  const [key, org, team, ...rest] = value.split(':');
+  if (!key || rest.length || org === '' || team === '') throw new ConfigError(`--api-key must be KEY, KEY:ORG or KEY:ORG:TEAM with no empty part, got '${value}'`);
+  return { key, org, team };
+}
+
+export const FLAGS: Record<string, FlagSpec> = {
+  port: { help: 'port to listen on; 0 picks a free one (default 8787)', set: (o, v) => { o.port = integer('port', 0, 65535)(v); } },
+  host: { help: 'address to listen on (default 127.0.0.1)', set: (o, v) => { if (!v) throw new ConfigError('--host must not be empty'); o.host = v; } },
+  'public-url': {
+    help: 'URL put into base_url fields (default: where the server listens)',
+    set: (o, v) => {
+      let url: URL;
+      try { url = new URL(v); } catch { throw new ConfigError(`--public-url must be an absolute http(s) URL, got '${v}'`); }
+      if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new ConfigError(`--public-url must use http or https, got '${v}'`);
+      o.publicUrl = v.replace(/\/+$/, '');
+    },
+  },
+  'data-dir': { help: 'folder for durable state (default: state lives in memory)', set: (o, v) => { if (!v) throw new ConfigError('--data-dir must not be empty'); o.dataDir = v; } },
+  'api-key': { help: 'KEY[:ORG[:TEAM]]; repeatable; when given, only these keys are accepted', repeatable: true, set: (o, v) => { o.apiKeys.push(...v.split(',').map(parseApiKey)); } },
+  'log-level': {
+    help: `server log level on stderr: ${LOG_LEVELS.join(', ')} (default warn)`,
+    set: (o, v) => { if (!(LOG_LEVELS as readonly string[]).includes(v)) throw new ConfigError(`--log-level must be one of ${LOG_LEVELS.join(', ')}, got '${v}'`); o.logLevel = v as LogLevelName; },
+  },
+  'body-limit': { help: 'largest request body in bytes (default 33554432)', set: (o, v) => { o.bodyLimit = integer('body-limit', 1024, 2 ** 31)(v); } },
+  'cold-start-ms': { help: 'time for a new trainer or sampler to become ready (default 0)', set: (o, v) => { o.coldStartMs = integer('cold-start-ms', 0, 86_400_000)(v); } },
+  'deactivation-ms': { help: 'time a sampler stays DEACTIVATING (default 0)', set: (o, v) => { o.deactivationMs = integer('deactivation-ms', 0, 86_400_000)(v); } },
+  'sampler-replicas': { help: 'replicas per sampler (default 1)', set: (o, v) => { o.samplerReplicas = integer('sampler-replicas', 1, 64)(v); } },
+  'presign-ttl-s': { help: 'lifetime of checkpoint download URLs in seconds (default 3600)', set: (o, v) => { o.presignTtlSeconds = integer('presign-ttl-s', 1, 7 * 86400)(v); } },
+};
+
+export const envName = (flag: string) => `LOOPS_MOCK_${flag.toUpperCase().replace(/-/g, '_')}`;
+
+/** Options from `LOOPS_MOCK_*` variables, then flags (flags win). Throws ConfigError with a one-line message. */
+export function parseOptions(argv: string[], env: NodeJS.ProcessEnv = {}): ServerOptions {
+  const options: ServerOptions = { ...DEFAULTS, apiKeys: [] };
+  for (const [flag, spec] of Object.entries(FLAGS)) {
+    const value = env[envName(flag)];
+    if (value !== undefined && value !== '') spec.set(options, value);
+  }
+  let keysFromFlags = false;
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    const m = /^--([a-z-]+)(?:=(.*))?$/s.exec(arg);
+    if (!m) throw new ConfigError(`unexpected argument '${arg}'`);
+    const [, flag, inline] = m as unknown as [string, string, string | undefined];
+    const spec = FLAGS[flag];
+    if (!spec) throw new ConfigError(`unknown flag --${flag}`);
+    const value = inline ?? argv[++i];
+    if (value === undefined) throw new ConfigError(`--${flag} needs a value`);
+    // Keys given as flags replace those from the environment rather than adding to them.
+    if (flag === 'api-key' && !keysFromFlags) { options.apiKeys = []; keysFromFlags = true; }
+    spec.set(options, value);
+  }
+  return options;
+}
+
+export function usage(): string {
+  const lines = Object.entries(FLAGS).map(([flag, spec]) => `  --${flag.padEnd(18)} ${spec.help}\n  ${''.padEnd(20)} env ${envName(flag)}`);
+  return ['Usage: loops-mock [serve] [flags]', '', 'Flags:', ...lines, '  --help              this text', '  --version           print the version'].join('\n');
+}

@@ -1,0 +1,23 @@
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import type { LoopsCore } from '../core/core.js';
+import { ErrorResponse } from './schemas.js';
+import type { Views } from './views.js';
+
+export type TypedApp = FastifyInstance<any, any, any, any, TypeBoxTypeProvider>;
+
+export interface ControlContext {
+  core: LoopsCore;
+  views: Views;
+}
+
+/** Response schemas of a route: its 200 body, and the shared error body for failures. */
+export function replies<T>(ok: T) {
+  return { 200: ok, '4xx': ErrorResponse, '5xx': ErrorResponse };
+}
+
+/** The team a request acts for: the path's `team_id` on team-scoped routes, else the caller's own team. */
+export function teamOf(ctx: ControlContext, request: FastifyRequest): string {
+  const teamId = (request.params as { team_id?: string }).team_id;
+  return teamId === undefined ? request.principal.team_id : ctx.core.accounts.team(request.principal, teamId).id;
+}

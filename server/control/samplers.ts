@@ -1,0 +1,57 @@
+import type { ControlContext, TypedApp } from './context.js';
+import { replies, teamOf } from './context.js';
+import {
+  CreateLoopsSamplerRequestV1, DeactivateResponseV1, DeploymentTombstoneV1, DeploymentV1, ListSamplersResponse, ModelDeploymentParams,
+  SamplerIdParams, SamplerResponse, ScopeQuery, TeamIdParams, UpdateDeploymentRequestV1,
+} from './schemas.js';
+
+/** Loops samplers, and the generic model-deployment API through which clients poll and deactivate them. */
+export function samplerRoutes(app: TypedApp, ctx: ControlContext): void {
+  const { core, views } = ctx;
+  const tags = ['samplers'];
+
+  for (const prefix of ['/v1/loops', '/v1/teams/:team_id/loops']) {
+    const teamScoped = prefix.includes(':team_id');
+    const params = teamScoped ? { params: TeamIdParams } : {};
+
+    app.get(`${prefix}/samplers`, {
+      schema: { tags, summary: 'List samplers, paired and standalone, newest first', ...params, querystring: ScopeQuery, response: replies(ListSamplersResponse) },
+    }, (req) => {
+      const teamId = teamScoped ? teamOf(ctx, req) : undefined;
+      return { samplers: core.fleet.listSamplers(req.principal, { scope: req.query.scope, teamId }).map((s) => views.sampler(s)) };
+    });
+
+    app.post(`${prefix}/samplers`, {
+      schema: { tags, summary: 'Create a standalone sampler ({base_model}) or pair one with a run ({run_id})', ...params, body: CreateLoopsSamplerRequestV1, response: replies(SamplerResponse) },
+    }, (req) => ({ sampler: views.sampler(core.fleet.createSampler(req.principal, req.body, teamOf(ctx, req))) }));
+  }
+
+  app.get('/v1/loops/samplers/:sampler_id', {
+    schema: { tags, summary: 'Get a sampler', params: SamplerIdParams, response: replies(SamplerResponse) },
+  }, (req) => ({ sampler: views.sampler(core.fleet.getSampler(req.principal, req.params.sampler_id)) }));
+
+  const modelTags = ['model deployments'];
+  const route = '/v1/models/:model_id/deployments/:deployment_id';
+
+  app.get(route, {
+    schema: { tags: modelTags, summary: 'Get a sampler as a model deployment (poll its status for readiness)', params: ModelDeploymentParams, response: replies(DeploymentV1) },
+  }, (req) => views.modelDeployment(core.fleet.getModelDeployment(req.principal, req.params.model_id, req.params.deployment_id)));
+
+  app.patch(route, {
+    schema: { tags: modelTags, summary: 'Rename a model deployment', params: ModelDeploymentParams, body: UpdateDeploymentRequestV1, response: replies(DeploymentV1) },
+  }, (req) => views.modelDeployment(core.fleet.renameModelDeployment(req.principal, req.params.model_id, req.params.deployment_id, req.body.name)));
+
+  app.delete(route, {
+    schema: { tags: modelTags, summary: 'Delete a model deployment (the sampler stops and leaves this API)', params: ModelDeploymentParams, response: replies(DeploymentTombstoneV1) },
+  }, (req) => {
+    const s = core.fleet.deleteModelDeployment(req.principal, req.params.model_id, req.params.deployment_id);
+    return { id: s.model_deployment_id, deleted: true, model_id: s.model_id };
+  });
+
+  app.post(`${route}/deactivate`, {
+    schema: { tags: modelTags, summary: 'Deactivate a sampler through its model deployment', params: ModelDeploymentParams, response: replies(DeactivateResponseV1) },
+  }, (req) => {
+    core.fleet.deactivateModelDeployment(req.principal, req.params.model_id, req.params.deployment_id);
+    return { success: true };
+  });
+}

@@ -1,0 +1,155 @@
+import { availableParallelism, totalmem } from 'node:os';
+import type { LoopsCore } from '../core/core.js';
+import type { CheckpointRecord, DeploymentRecord, LogRecord, RunRecord, SamplerRecord, TeamRecord, UserConfigRecord } from '../core/records.js';
+import type { PresignedFile } from '../core/checkpoints.js';
+
+const iso = (ms: number) => new Date(ms).toISOString();
+
+/** loops-mock serves every trainer and sampler from this one local process on CPU; say so. */
+const INSTANCE_TYPE = {
+  id: 'loops-mock-cpu',
+  name: 'loops-mock local CPU',
+  memory_limit_mib: Math.floor(totalmem() / 2 ** 20),
+  millicpu_limit: availableParallelism() * 1000,
+  gpu_count: 0,
+  gpu_type: null,
+  gpu_memory_limit_mib: null,
+};
+
+/** Shapes core records into the wire objects of Baseten's schema. */
+export class Views {
+  constructor(private readonly core: LoopsCore, private readonly publicUrlOf: () => string) {}
+
+  private get publicUrl(): string {
+    return this.publicUrlOf();
+  }
+
+  trainerUrl(runId: string): string {
+    return `${this.publicUrl}/trainer/${runId}`;
+  }
+
+  samplerUrl(samplerId: string): string {
+    return `${this.publicUrl}/sampler/${samplerId}`;
+  }
+
+  user(o: { user_id: string; org_id: string }) {
+    return { email: this.core.accounts.emailOf(o.user_id) };
+  }
+
+  sampler(s: SamplerRecord) {
+    return {
+      id: s.id,
+      base_url: this.samplerUrl(s.id),
+      base_model: s.base_model,
+      created_at: iso(s.created_at),
+      model_id: s.model_id,
+      deployment_id: s.model_deployment_id,
+      status: { name: s.status },
+      user: this.user(s),
+      instance_type: INSTANCE_TYPE,
+      node_count: 1,
+    };
+  }
+
+  run(r: RunRecord) {
+    const s = r.sampler_id ? this.core.fleet.findSampler(r.sampler_id) : undefined;
+    return {
+      id: r.id,
+      session_id: r.session_id,
+      deployment_id: r.deployment_id,
+      name: r.name,
+      base_model: r.base_model,
+      base_url: this.trainerUrl(r.id),
+      created_at: iso(r.created_at),
+      status: { name: r.status },
+      user: this.user(r),
+      sampler: s ? this.sampler(s) : null,
+    };
+  }
+
+  deployment(d: DeploymentRecord) {
+    const s = d.sampler_id ? this.core.fleet.findSampler(d.sampler_id) : undefined;
+    return {
+      id: d.id,
+      active_run_id: d.active_run_id,
+      latest_run_id: d.latest_run_id,
+      base_model: d.base_model,
+      base_url: d.latest_run_id ? this.trainerUrl(d.latest_run_id) : '',
+      status: { name: d.status },
+      user: this.user(d),
+      created_at: iso(d.created_at),
+      availability_model: d.availability_model,
+      instance_type: INSTANCE_TYPE,
+      node_count: d.node_count,
+      sampler: s ? this.sampler(s) : null,
+    };
+  }
+
+  /** A sampler seen through the generic model-deployment API. */
+  modelDeployment(s: SamplerRecord) {
+    const ready = s.status === 'ACTIVE';
+    return {
+      id: s.model_deployment_id,
+      created_at: iso(s.created_at),
+      name: s.name,
+      model_id: s.model_id,
+      is_production: true,
+      is_development: false,
+      status: s.status,
+      active_replica_count: ready ? s.replicas : 0,
+      // Upstream: null until the model has finished deploying.
+      autoscaling_settings: ready || s.status === 'SCALED_TO_ZERO' || s.status === 'WAKING_UP'
+        ? { min_replica: 0, max_replica: s.replicas, autoscaling_window: 60, scale_down_delay: 900, concurrency_target: 1, target_utilization_percentage: 70, target_in_flight_tokens: null, max_scale_down_rate: null }
+        : null,
+      instance_type_name: INSTANCE_TYPE.name,
+      environment: 'production',
+      labels: { 'loops-sampler-id': s.id, ...(s.run_id ? { 'loops-run-id': s.run_id } : {}) },
+      region: null,
+      request_backpressure_settings: { policy: null },
+    };
+  }
+
+  checkpoint(c: CheckpointRecord) {
+    return {
+      // Mirrors Tinker: the id within the run, the bt:// path without its run prefix.
+      checkpoint_id: `${c.target === 'trainer' ? 'weights' : 'sampler_weights'}/${c.name}`,
+      created_at: iso(c.created_at),
+      checkpoint_type: c.target === 'trainer' ? 'training' : 'sampler',
+      base_model: c.base_model,
+      lora_adapter_config: c.lora_adapter_config,
+      size_bytes: c.files.reduce((sum, f) => sum + f.size_bytes, 0),
+      sync_status: 'COMPLETE',
+      id: c.id,
+      run_id: c.run_id,
+      target: c.target,
+    };
+  }
+
+  checkpointFile(f: PresignedFile) {
+    return {
+      url: `${this.publicUrl}${f.path}`,
+      relative_file_name: f.relative_file_name,
+      node_rank: 0,
+      size_bytes: f.size_bytes,
+      last_modified: iso(f.last_modified),
+    };
+  }
+
+  log(l: LogRecord) {
+    return {
+      timestamp: (BigInt(l.ts_ms) * 1_000_000n).toString(),
+      message: l.message,
+      replica: l.replica,
+      request_id: l.request_id,
+      level: l.level,
+    };
+  }
+
+  userConfig(c: UserConfigRecord) {
+    return { trainer_accelerator_priority: c.trainer_accelerator_priority, sampler_accelerator_priority: c.sampler_accelerator_priority };
+  }
+
+  team(t: TeamRecord) {
+    return { id: t.id, name: t.name, default: t.is_default, created_at: iso(t.created_at) };
+  }
+}

@@ -1,0 +1,19 @@
+import type { Clock } from './clock.js';
+import type { LogLevel, LogRecord } from './records.js';
+import type { LogQuery, Store } from './store.js';
+
+/**
+ * The log lines of each deployment: every lifecycle event and every request
+ * its trainer or sampler served. What `GET /deployments/{id}/logs` returns.
+ */
+export class DeploymentLogs {
+  constructor(private readonly store: Store, private readonly clock: Clock) {}
+
+  add(deploymentId: string, level: LogLevel, message: string, replica: string | null = null, requestId: string | null = null): void {
+    this.store.appendLog({ deployment_id: deploymentId, ts_ms: this.clock.now(), level, message, replica, request_id: requestId });
+  }
+
+  query(q: LogQuery): LogRecord[] {
+    return this.store.queryLogs(q);
+  }
+}

@@ -1,0 +1,29 @@
+/**
+ * Errors the core raises. They carry a kind, never an HTTP status: each front
+ * door maps kinds to its own statuses (server/http/errors.ts).
+ */
+export type ErrorKind =
+  | 'invalid_request'
+  | 'unauthorized'
+  | 'forbidden'
+  | 'not_found'
+  | 'conflict'
+  | 'payload_too_large'
+  | 'not_implemented'
+  | 'unavailable';
+
+export class LoopsError extends Error {
+  constructor(
+    readonly kind: ErrorKind,
+    message: string,
+    /** Extra fields for the error body, e.g. `field` or `supported`. */
+    readonly details: Record<string, unknown> = {},
+  ) {
+    super(message);
+    this.name = 'LoopsError';
+  }
+}
+
+export const invalid = (message: string, details?: Record<string, unknown>) => new LoopsError('invalid_request', message, details);
+export const notFound = (message: string, details?: Record<string, unknown>) => new LoopsError('not_found', message, details);
+export const conflict = (message: string, details?: Record<string, unknown>) => new LoopsError('conflict', message, details);

@@ -1,0 +1,99 @@
+import Database from 'better-sqlite3';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import type { LogLevel, LogRecord } from './records.js';
+import { LOG_LEVELS } from './records.js';
+
+export type RecordKind =
+  | 'org' | 'team' | 'user' | 'session' | 'run' | 'deployment' | 'sampler' | 'checkpoint' | 'user_config';
+
+export interface LogQuery {
+  deploymentId: string;
+  startMs?: number;
+  endMs?: number;
+  direction: 'asc' | 'desc';
+  limit: number;
+  minLevel?: LogLevel;
+}
+
+/**
+ * Durable record storage on SQLite: in memory without a data dir, a file in it
+ * with one. Records are JSON documents keyed by (kind, id); every write is its
+ * own transaction, or part of a caller's `transaction`, so a crash never
+ * leaves half a change behind.
+ */
+export class Store {
+  readonly file: string;
+  private readonly db: Database.Database;
+  private readonly upsert: Database.Statement;
+  private readonly insertLog: Database.Statement;
+
+  constructor(dataDir?: string) {
+    if (dataDir) mkdirSync(dataDir, { recursive: true });
+    this.file = dataDir ? join(dataDir, 'loops-mock.sqlite') : ':memory:';
+    this.db = new Database(this.file);
+    if (dataDir) {
+      this.db.pragma('journal_mode = WAL');
+      this.db.pragma('synchronous = FULL');
+    }
+    this.db.exec(`
+      CREATE TABLE IF NOT EXISTS records (kind TEXT NOT NULL, id TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (kind, id));
+      CREATE TABLE IF NOT EXISTS logs (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, deployment_id TEXT NOT NULL, ts_ms INTEGER NOT NULL,
+        level TEXT NOT NULL, level_rank INTEGER NOT NULL, message TEXT NOT NULL, replica TEXT, request_id TEXT);
+      CREATE INDEX IF NOT EXISTS logs_by_deployment ON logs (deployment_id, ts_ms);
+      CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    `);
+    this.upsert = this.db.prepare('INSERT INTO records (kind, id, data) VALUES (?, ?, ?) ON CONFLICT (kind, id) DO UPDATE SET data = excluded.data');
+    this.insertLog = this.db.prepare(
+      'INSERT INTO logs (deployment_id, ts_ms, level, level_rank, message, replica, request_id) VALUES (?, ?, ?, ?, ?, ?, ?)',
+    );
+  }
+
+  get durable(): boolean {
+    return this.file !== ':memory:';
+  }
+
+  load<T>(kind: RecordKind): T[] {
+    const rows = this.db.prepare('SELECT data FROM records WHERE kind = ? ORDER BY rowid').all(kind) as { data: string }[];
+    return rows.map((r) => JSON.parse(r.data) as T);
+  }
+
+  put(kind: RecordKind, id: string, value: unknown): void {
+    this.upsert.run(kind, id, JSON.stringify(value));
+  }
+
+  /** Runs `fn` atomically: all of its writes land, or none. */
+  transaction<T>(fn: () => T): T {
+    return this.db.transaction(fn)();
+  }
+
+  appendLog(log: LogRecord): void {
+    this.insertLog.run(log.deployment_id, log.ts_ms, log.level, LOG_LEVELS.indexOf(log.level), log.message, log.replica, log.request_id);
+  }
+
+  queryLogs(q: LogQuery): LogRecord[] {
+    const where = ['deployment_id = ?'];
+    const args: unknown[] = [q.deploymentId];
+    if (q.startMs !== undefined) { where.push('ts_ms >= ?'); args.push(q.startMs); }
+    if (q.endMs !== undefined) { where.push('ts_ms <= ?'); args.push(q.endMs); }
+    if (q.minLevel) { where.push('level_rank >= ?'); args.push(LOG_LEVELS.indexOf(q.minLevel)); }
+    const order = q.direction === 'asc' ? 'ASC' : 'DESC';
+    const sql = `SELECT deployment_id, ts_ms, level, message, replica, request_id FROM logs WHERE ${where.join(' AND ')}
+      ORDER BY ts_ms ${order}, seq ${order} LIMIT ?`;
+    return this.db.prepare(sql).all(...args, q.limit) as LogRecord[];
+  }
+
+  getMeta(key: string): string | undefined {
+    const row = this.db.prepare('SELECT value FROM meta WHERE key = ?').get(key) as { value: string } | undefined;
+    return row?.value;
+  }
+
+  setMeta(key: string, value: string): void {
+    this.db.prepare('INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value').run(key, value);
+  }
+
+  close(): void {
+    if (this.db.open) this.db.close();
+  }
+}

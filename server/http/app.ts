@@ -1,0 +1,94 @@
+import Fastify, { type FastifyInstance, type RouteOptions } from 'fastify';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import type { ServerOptions } from '../config.js';
+import type { LoopsCore } from '../core/core.js';
+import { LoopsError } from '../core/errors.js';
+import { accountRoutes } from '../control/account.js';
+import { checkpointDownloadRoute, checkpointRoutes } from '../control/checkpoints.js';
+import type { ControlContext } from '../control/context.js';
+import { deploymentRoutes } from '../control/deployments.js';
+import { samplerRoutes } from '../control/samplers.js';
+import { sessionAndRunRoutes } from '../control/sessions-runs.js';
+import { Views } from '../control/views.js';
+import { notBuiltPlane } from '../planes/not-built.js';
+import { VERSION } from '../version.js';
+import { apiKeyOf, requirePrincipal } from './auth.js';
+import { installErrorHandler, installNotFoundHandler, sendError } from './errors.js';
+import { buildOpenApi } from './openapi.js';
+import { validatorCompiler } from './validation.js';
+
+export type AppOptions = Pick<ServerOptions, 'bodyLimit' | 'logLevel' | 'dataDir'> & {
+  /** The URL base_url fields start with; a function because the port may be known only after listen. */
+  publicUrl: () => string;
+};
+
+/**
+ * Builds the Fastify app over a core: the error shape, the version header,
+ * validation, and every front door as an encapsulated plugin.
+ */
+export async function buildApp(core: LoopsCore, options: AppOptions): Promise<FastifyInstance> {
+  const app = Fastify({
+    logger: { level: options.logLevel, stream: process.stderr },
+    bodyLimit: options.bodyLimit,
+    // Answered by our own hook below, in our own error shape.
+    return503OnClosing: false,
+    forceCloseConnections: 'idle',
+  }).withTypeProvider<TypeBoxTypeProvider>();
+
+  app.setValidatorCompiler(validatorCompiler);
+  app.decorateRequest('principal', null as never);
+
+  let closing = false;
+  app.addHook('preClose', async () => { closing = true; });
+  app.addHook('onRequest', async (request, reply) => {
+    reply.header('x-loops-mock-version', VERSION);
+    if (closing) {
+      reply.header('connection', 'close');
+      return sendError(reply, 503, 'unavailable', 'loops-mock is shutting down.');
+    }
+  });
+
+  // JSON bodies; an empty body counts as no body (POST /sessions is sent with none).
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (_request, body, done) => {
+    const text = (body as string).trim();
+    if (!text) return done(null, null);
+    try {
+      done(null, JSON.parse(text));
+    } catch (err) {
+      done(new LoopsError('invalid_request', `The body is not valid JSON: ${(err as Error).message}.`, { field: 'body' }), undefined);
+    }
+  });
+
+  installErrorHandler(app, options.bodyLimit);
+  const routes: RouteOptions[] = [];
+  app.addHook('onRoute', (route) => { routes.push(route as RouteOptions); });
+  installNotFoundHandler(app, routes);
+
+  const ctx: ControlContext = { core, views: new Views(core, options.publicUrl) };
+
+  // Control plane: every route needs an API key.
+  await app.register(async (control) => {
+    control.addHook('onRequest', async (request) => { request.principal = requirePrincipal(core, request); });
+    sessionAndRunRoutes(control, ctx);
+    samplerRoutes(control, ctx);
+    checkpointRoutes(control, ctx);
+    deploymentRoutes(control, ctx, options.dataDir);
+    accountRoutes(control, ctx);
+  });
+
+  // Presigned downloads carry their permission in the URL.
+  await app.register(async (files) => {
+    checkpointDownloadRoute(files, ctx, (request) => {
+      const key = apiKeyOf(request);
+      return key === undefined ? undefined : core.accounts.authenticate(key);
+    });
+  });
+
+  await app.register(async (trainer) => notBuiltPlane(trainer, core, 'trainer'));
+  await app.register(async (sampler) => notBuiltPlane(sampler, core, 'sampler'));
+
+  app.get('/openapi.json', { schema: { hide: true } as object }, () => buildOpenApi(routes, VERSION, options.publicUrl()));
+
+  return app;
+}

@@ -1,0 +1,29 @@
+import type { FastifyRequest } from 'fastify';
+import type { LoopsCore } from '../core/core.js';
+import { LoopsError } from '../core/errors.js';
+import type { Principal } from '../core/records.js';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** The caller, set by the auth hook of the front doors that need one. */
+    principal: Principal;
+  }
+}
+
+const AUTH = /^(Bearer|Api-Key)\s+(\S+)\s*$/i;
+
+/** The API key of `Authorization: Bearer <key>` or the legacy `Authorization: Api-Key <key>`, or undefined when absent. */
+export function apiKeyOf(request: FastifyRequest): string | undefined {
+  const header = request.headers.authorization;
+  if (header === undefined) return undefined;
+  const m = AUTH.exec(header);
+  if (!m) throw new LoopsError('unauthorized', "Malformed Authorization header: send 'Authorization: Bearer <BASETEN_API_KEY>' (or the legacy 'Api-Key <key>').");
+  return m[2]!;
+}
+
+/** Authenticates a request that must carry a key (the control plane). */
+export function requirePrincipal(core: LoopsCore, request: FastifyRequest): Principal {
+  const key = apiKeyOf(request);
+  if (key === undefined) throw new LoopsError('unauthorized', "Missing Authorization header: send 'Authorization: Bearer <BASETEN_API_KEY>'.");
+  return core.accounts.authenticate(key);
+}

@@ -1,0 +1,93 @@
+import { Ajv, type ErrorObject } from 'ajv';
+import formats from 'ajv-formats';
+import type { FastifySchemaCompiler } from 'fastify';
+
+/**
+ * Request validation. Bodies are checked as sent (no type coercion: "16" is
+ * not a rank); query strings and path parameters arrive as text, so they are
+ * coerced to the declared types first.
+ */
+function makeAjv(coerce: boolean): Ajv {
+  const ajv = new Ajv({ coerceTypes: coerce, useDefaults: false, removeAdditional: false, allErrors: false, verbose: true, strict: false });
+  // ajv-formats is CommonJS: its function sits on `default` under NodeNext.
+  (formats as unknown as { default: (a: Ajv) => void }).default(ajv);
+  return ajv;
+}
+
+const bodyAjv = makeAjv(false);
+const textAjv = makeAjv(true);
+
+export const validatorCompiler: FastifySchemaCompiler<unknown> = ({ schema, httpPart }) => {
+  const ajv = httpPart === 'body' ? bodyAjv : textAjv;
+  return ajv.compile(schema as object) as ReturnType<FastifySchemaCompiler<unknown>>;
+};
+
+const PART_NAMES: Record<string, string> = { body: 'body', querystring: 'query', params: 'path', headers: 'header' };
+
+export interface ValidationProblem {
+  message: string;
+  field: string;
+  expected?: string;
+}
+
+/** Turns ajv's errors into one sentence that names the field, what was expected and what came. */
+export function describeValidationErrors(errors: ErrorObject[], context: string): ValidationProblem {
+  const part = PART_NAMES[context] ?? context;
+  const specific = errors.filter((e) => e.keyword !== 'anyOf' && e.keyword !== 'oneOf');
+  // Branches of a `T | null` union fail with one type error each: merge them into "integer or null".
+  const first = specific[0] ?? errors[0]!;
+  const samePlace = specific.filter((e) => e.instancePath === first.instancePath);
+  const at = fieldPath(part, first.instancePath);
+  const got = describeValue(first.data);
+  if (samePlace.length > 1 && samePlace.every((e) => e.keyword === 'type' || e.keyword === 'const' || e.keyword === 'enum')) {
+    const expected = samePlace.map((e) => (e.keyword === 'type' ? String(e.params.type) : e.keyword === 'const' ? JSON.stringify(e.params.allowedValue) : (e.params.allowedValues as unknown[]).map((v) => JSON.stringify(v)).join(', '))).join(' or ');
+    // A wrong type in one branch matters more than the null branch; name the non-null constraint if the type was right.
+    const nonType = samePlace.find((e) => e.keyword !== 'type');
+    if (!nonType) return { field: at, expected, message: `${at} must be ${expected} (got ${got}).` };
+  }
+  switch (first.keyword) {
+    case 'required': {
+      const field = fieldPath(part, `${first.instancePath}/${String(first.params.missingProperty)}`);
+      return { field, expected: 'present', message: `${field} is required.` };
+    }
+    case 'additionalProperties': {
+      const extra = String(first.params.additionalProperty);
+      const field = fieldPath(part, `${first.instancePath}/${extra}`);
+      const allowed = Object.keys((first.parentSchema as { properties?: object } | undefined)?.properties ?? {});
+      return { field, message: `${field} is not a known field${allowed.length ? `; allowed fields here: ${allowed.join(', ')}` : ''}.` };
+    }
+    case 'type':
+      return { field: at, expected: String(first.params.type), message: `${at} must be ${String(first.params.type)} (got ${got}).` };
+    case 'enum': {
+      const allowed = (first.params.allowedValues as unknown[]).map((v) => JSON.stringify(v)).join(', ');
+      return { field: at, expected: `one of ${allowed}`, message: `${at} must be one of ${allowed} (got ${got}).` };
+    }
+    case 'minimum': case 'maximum': case 'exclusiveMinimum': case 'exclusiveMaximum': {
+      const op = { minimum: '>=', maximum: '<=', exclusiveMinimum: '>', exclusiveMaximum: '<' }[first.keyword];
+      const expected = `${op} ${String(first.params.limit)}`;
+      return { field: at, expected, message: `${at} must be ${expected} (got ${got}).` };
+    }
+    case 'minLength': case 'maxLength': {
+      const expected = `${first.keyword === 'minLength' ? 'at least' : 'at most'} ${String(first.params.limit)} characters`;
+      return { field: at, expected, message: `${at} must be ${expected} (got ${got}).` };
+    }
+    case 'format':
+      return { field: at, expected: String(first.params.format), message: `${at} must be a valid ${String(first.params.format)} (got ${got}).` };
+    default:
+      return { field: at, message: `${at} ${first.message ?? 'is invalid'} (got ${got}).` };
+  }
+}
+
+function fieldPath(part: string, instancePath: string): string {
+  const segments = instancePath.split('/').filter(Boolean).map((s) => s.replace(/~1/g, '/').replace(/~0/g, '~'));
+  return [part, ...segments].reduce((acc, s) => (/^\d+$/.test(s) ? `${acc}[${s}]` : `${acc}.${s}`));
+}
+
+function describeValue(value: unknown): string {
+  if (value === null) return 'null';
+  if (value === undefined) return 'nothing';
+  if (Array.isArray(value)) return 'an array';
+  if (typeof value === 'object') return 'an object';
+  const text = JSON.stringify(value);
+  return text.length > 60 ? `${text.slice(0, 57)}...` : text;
+}

@@ -1,0 +1,74 @@
+import type { FastifyInstance } from 'fastify';
+import { DEFAULTS, type ServerOptions } from './config.js';
+import { LoopsCore } from './core/core.js';
+import type { Clock } from './core/clock.js';
+import { buildApp } from './http/app.js';
+
+export { ManualClock, RealClock, type Clock } from './core/clock.js';
+export { LoopsCore, type CoreOptions } from './core/core.js';
+export { buildApp } from './http/app.js';
+export { parseOptions, ConfigError, DEFAULTS, type ServerOptions } from './config.js';
+export { VERSION } from './version.js';
+
+/** The key `startServer` and the CLI hand out when no --api-key is configured; any non-empty key works then. */
+export const DEFAULT_API_KEY = 'loops-mock-local-key';
+
+export interface StartOptions extends Partial<ServerOptions> {
+  /** A clock to drive time by hand in tests (ManualClock). */
+  clock?: Clock;
+}
+
+export interface RunningServer {
+  /** Where the server listens, e.g. http://127.0.0.1:8787. */
+  url: string;
+  /** What base_url fields start with (the public URL). */
+  publicUrl: string;
+  /** A key that works against this server. */
+  apiKey: string;
+  /** The variables a Loops client reads, ready to merge into a child process's environment. */
+  env: Record<'LOOPS_BASE_URL' | 'BASETEN_API_KEY' | 'BASETEN_MANAGEMENT_API_URL_OVERRIDE', string>;
+  app: FastifyInstance;
+  core: LoopsCore;
+  /** Stops accepting, lets requests in flight finish, then closes storage. */
+  close(): Promise<void>;
+}
+
+/** Starts a loops-mock server. Options are the CLI flags in camelCase; `port: 0` picks a free port. */
+export async function startServer(overrides: StartOptions = {}): Promise<RunningServer> {
+  const options: ServerOptions = { ...DEFAULTS, ...overrides, apiKeys: overrides.apiKeys ?? [] };
+  const core = new LoopsCore({
+    dataDir: options.dataDir,
+    apiKeys: options.apiKeys,
+    clock: overrides.clock,
+    coldStartMs: options.coldStartMs,
+    deactivationMs: options.deactivationMs,
+    samplerReplicas: options.samplerReplicas,
+    presignTtlMs: options.presignTtlSeconds * 1000,
+  });
+  let publicUrl = options.publicUrl ?? '';
+  let app: FastifyInstance;
+  try {
+    app = await buildApp(core, { ...options, publicUrl: () => publicUrl });
+    await app.listen({ port: options.port, host: options.host });
+  } catch (err) {
+    core.close();
+    throw err;
+  }
+  const address = app.server.address();
+  const port = typeof address === 'object' && address ? address.port : options.port;
+  const wildcard = options.host === '0.0.0.0' || options.host === '::';
+  const host = wildcard ? '127.0.0.1' : options.host.includes(':') ? `[${options.host}]` : options.host;
+  const url = `http://${host}:${port}`;
+  publicUrl = options.publicUrl ?? url;
+  const apiKey = options.apiKeys[0]?.key ?? DEFAULT_API_KEY;
+  let closed: Promise<void> | undefined;
+  return {
+    url,
+    publicUrl,
+    apiKey,
+    env: { LOOPS_BASE_URL: publicUrl, BASETEN_API_KEY: apiKey, BASETEN_MANAGEMENT_API_URL_OVERRIDE: publicUrl },
+    app,
+    core,
+    close: () => (closed ??= app.close().then(() => core.close())),
+  };
+}
