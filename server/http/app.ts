@@ -33,6 +33,13 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
     // Answered by our own hook below, in our own error shape.
     return503OnClosing: false,
     forceCloseConnections: 'idle',
+    // Router-level failures (a path too long or not decodable) get our error shape too.
+    frameworkErrors: (error, _request, reply) => {
+      const status = error.statusCode && error.statusCode >= 400 && error.statusCode < 500 ? error.statusCode : 400;
+      const type = status === 414 ? 'uri_too_long' : 'invalid_request';
+      void reply.header('x-loops-mock-version', VERSION);
+      void sendError(reply, status, type, `${error.message}.`);
+    },
   }).withTypeProvider<TypeBoxTypeProvider>();
 
   app.setValidatorCompiler(validatorCompiler);

@@ -18,7 +18,7 @@ export async function startTestServer(options: StartOptions = {}): Promise<Runni
 export interface Reply {
   status: number;
   body: any;
-  headers: Record<string, string | string[] | undefined>;
+  headers: Record<string, string | number | string[] | undefined>;
 }
 
 /** A small client bound to one server and key; every 200 it gets is checked against the OpenAPI documents. */

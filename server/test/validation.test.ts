@@ -1,0 +1,114 @@
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import type { RunningServer } from '../index.js';
+import { client, newRun, newSession, startTestServer, type Client } from './helpers.js';
+
+let server: RunningServer;
+let api: Client;
+beforeEach(async () => {
+  server = await startTestServer({ bodyLimit: 4096 });
+  api = client(server);
+});
+afterEach(() => server.close());
+
+describe('schema violations answer 400 with the field and what was expected', () => {
+  it('covers each kind of violation', async () => {
+    const session = await newSession(api);
+    const base = { session_id: session, base_model: 'Qwen/Qwen3-8B' };
+    const cases: [unknown, string, RegExp][] = [
+      [{ base_model: 'Qwen/Qwen3-8B' }, 'body.session_id', /is required/],
+      [{ ...base, lora_rank: 'sixteen' }, 'body.lora_rank', /must be integer \(got "sixteen"\)/],
+      [{ ...base, lora_rank: 16.5 }, 'body.lora_rank', /must be integer/],
+      [{ ...base, seed: 'x' }, 'body.seed', /must be integer or null/],
+      [{ ...base, lora_rnak: 16 }, 'body.lora_rnak', /not a known field; allowed fields here: .*lora_rank/],
+      [{ ...base, availability_model: 'cheap' }, 'body.availability_model', /must be one of "dedicated", "spot"/],
+      [{ ...base, scale_down_delay_seconds: 0 }, 'body.scale_down_delay_seconds', /must be > 0/],
+      [{ ...base, name: 'x'.repeat(256) }, 'body.name', /at most 255 characters/],
+      [[base], 'body', /must be object/],
+      ['"text"', 'body', /must be object/],
+    ];
+    for (const [body, field, message] of cases) {
+      const res = await api.post('/v1/loops/runs', body);
+      expect(res.status, JSON.stringify(body)).toBe(400);
+      expect(res.body.error.type).toBe('invalid_request');
+      expect(res.body.error.field, JSON.stringify(body)).toBe(field);
+      expect(res.body.error.message, JSON.stringify(body)).toMatch(message);
+    }
+  });
+
+  it('checks query strings and rejects unknown query parameters', async () => {
+    const run = await newRun(api);
+    const res = await api.get(`/v1/loops/checkpoints/x/files?page_size=lots`);
+    expect(res.status).toBe(400);
+    expect(res.body.error.field).toBe('query.page_size');
+    const unknown = await api.get(`/v1/loops/runs?runid=${run.id}`);
+    expect(unknown.status).toBe(400);
+    expect(unknown.body.error.message).toContain('run_id');
+  });
+
+  it('answers a missing body on a route that needs one', async () => {
+    const res = await api.post('/v1/loops/runs');
+    expect(res.status).toBe(400);
+    expect(res.body.error.field).toBe('body');
+  });
+});
+
+describe('transport errors', () => {
+  it('answers malformed JSON with 400', async () => {
+    const res = await api.post('/v1/loops/runs', '{"session_id": ');
+    expect(res.status).toBe(400);
+    expect(res.body.error.message).toContain('not valid JSON');
+  });
+
+  it('answers bodies over the limit with 413', async () => {
+    const res = await api.post('/v1/loops/runs', { session_id: 'x'.repeat(5000), base_model: 'Qwen/Qwen3-8B' });
+    expect(res.status).toBe(413);
+    expect(res.body.error).toMatchObject({ type: 'payload_too_large', limit_bytes: 4096 });
+  });
+
+  it('answers a non-JSON content type with 415', async () => {
+    const res = await api.send('POST', '/v1/loops/runs', 'session_id=x', { 'content-type': 'application/x-www-form-urlencoded' });
+    expect(res.status).toBe(415);
+    expect(res.body.error.type).toBe('unsupported_media_type');
+  });
+
+  it('answers unknown routes with 404 naming the nearest route', async () => {
+    const cases: [string, string, string][] = [
+      ['GET', '/v1/loops/run/abc1234', 'GET /v1/loops/runs/{run_id}'],
+      ['POST', '/v1/loops/session', 'POST /v1/loops/sessions'],
+      ['GET', '/v1/loops/checkpoint', 'GET /v1/loops/checkpoints'],
+      ['DELETE', '/v1/loops/runs/abc1234', 'GET /v1/loops/runs/{run_id}'],
+    ];
+    for (const [method, url, nearest] of cases) {
+      const res = await api.send(method, url);
+      expect(res.status).toBe(404);
+      expect(res.body.error.type).toBe('route_not_found');
+      expect(res.body.error.nearest_route, url).toBe(nearest);
+    }
+  });
+});
+
+describe('never a 500 for client input', () => {
+  it('survives junk bodies, parameters and headers on every control-plane route', async () => {
+    const doc = (await api.get('/openapi.json')).body;
+    const junkBodies: unknown[] = [undefined, null, [], 0, 'null', '""', '[1,2', '{"__proto__": {"polluted": true}}', { a: { b: { c: [1, { d: null }] } } },
+      { session_id: 7, base_model: ['x'] }, { checkpoint_path: null }, { name: '\u0000' }, { trainer_accelerator_priority: [1] }];
+    const junkIds = ['x', '%00', '..%2F..%2Fetc', 'a'.repeat(300), '💥'];
+    let requests = 0;
+    for (const [template, methods] of Object.entries<any>(doc.paths)) {
+      for (const method of Object.keys(methods)) {
+        for (const id of junkIds) {
+          const url = template.replace(/\{[^}]+\}/g, id) + '?page_size=-1&limit=abc&scope=%FF';
+          for (const body of method === 'get' || method === 'delete' ? [undefined] : junkBodies) {
+            const res = await api.send(method.toUpperCase(), url, body);
+            requests++;
+            expect(res.status, `${method} ${url} ${JSON.stringify(body)}`).toBeLessThan(500);
+            expect(res.status).toBeGreaterThanOrEqual(200);
+            if (res.status >= 400) expect(typeof res.body.error?.message, `${method} ${url} ${JSON.stringify(body)} -> ${JSON.stringify(res.body)}`).toBe("string");
+          }
+        }
+      }
+    }
+    expect(requests).toBeGreaterThan(300);
+    expect(({} as Record<string, unknown>).polluted).toBeUndefined();
+  });
+});
