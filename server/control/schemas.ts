@@ -274,7 +274,7 @@ export const DeploymentV1 = Type.Object({
   request_backpressure_settings: Type.Object({ policy: Type.Optional(Nullable(Type.Enum(['QUEUE_ON_FULL', 'REJECT_ON_FULL']))) }),
 }, { title: 'DeploymentV1' });
 export const DeploymentTombstoneV1 = Type.Object({ id: Type.String(), deleted: Type.Boolean(), model_id: Type.String() });
-export const DeactivateResponseV1 = Type.Object({ success: Type.Boolean() });
+export const DeactivateResponseV1 = Type.Object({ success: Type.Optional(Type.Boolean({ default: true })) });
 
 /** The error body every route answers with on failure. */
 export const ErrorResponse = Type.Object({

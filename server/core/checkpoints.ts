@@ -1,5 +1,5 @@
 import { createHmac, timingSafeEqual } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import type { Clock } from './clock.js';
 import { invalid, LoopsError, notFound } from './errors.js';
@@ -48,7 +48,6 @@ export interface CheckpointFileInput {
 interface BlobStore {
   write(id: string, files: CheckpointFileInput[]): void;
   read(id: string, relative: string): Buffer | undefined;
-  remove(id: string): void;
 }
 
 class MemoryBlobs implements BlobStore {
@@ -58,9 +57,6 @@ class MemoryBlobs implements BlobStore {
   }
   read(id: string, relative: string): Buffer | undefined {
     return this.blobs.get(id)?.get(relative);
-  }
-  remove(id: string): void {
-    this.blobs.delete(id);
   }
 }
 
@@ -76,14 +72,26 @@ class DirectoryBlobs implements BlobStore {
       writeFileSync(target, f.data);
     }
     mkdirSync(scratch, { recursive: true });
-    renameSync(scratch, join(this.root, id));
+    // Replacing: move the old folder aside first, so that some whole version exists at every instant.
+    const target = join(this.root, id);
+    const previous = join(this.root, `.${id}.previous`);
+    if (existsSync(target)) renameSync(target, previous);
+    renameSync(scratch, target);
+    rmSync(previous, { recursive: true, force: true });
+  }
+
+  /** Finishes or undoes a replacement that a crash interrupted; drops unfinished writes. */
+  recover(): void {
+    if (!existsSync(this.root)) return;
+    for (const name of readdirSync(this.root)) {
+      const previous = /^\.(.+)\.previous$/.exec(name);
+      if (previous && !existsSync(join(this.root, previous[1]!))) renameSync(join(this.root, name), join(this.root, previous[1]!));
+      else if (previous || name.endsWith('.partial')) rmSync(join(this.root, name), { recursive: true, force: true });
+    }
   }
   read(id: string, relative: string): Buffer | undefined {
     const file = join(this.root, id, relative);
     return existsSync(file) ? readFileSync(file) : undefined;
-  }
-  remove(id: string): void {
-    rmSync(join(this.root, id), { recursive: true, force: true });
   }
 }
 
@@ -103,7 +111,13 @@ export class Checkpoints {
 
   constructor(private readonly store: Store, private readonly clock: Clock, dataDir: string | undefined, private readonly presignTtlMs: number) {
     for (const c of store.load<CheckpointRecord>('checkpoint')) this.records.set(c.id, c);
-    this.blobs = dataDir ? new DirectoryBlobs(join(dataDir, 'checkpoints')) : new MemoryBlobs();
+    if (dataDir) {
+      const blobs = new DirectoryBlobs(join(dataDir, 'checkpoints'));
+      blobs.recover();
+      this.blobs = blobs;
+    } else {
+      this.blobs = new MemoryBlobs();
+    }
     // The signing secret survives restarts, so URLs handed out stay valid until they expire.
     this.secret = store.getMeta('presign_secret') ?? newSecret();
     store.setMeta('presign_secret', this.secret);
@@ -133,7 +147,6 @@ export class Checkpoints {
       lora_adapter_config: loraAdapterConfig,
       files: files.map((f) => ({ relative_file_name: f.relative_file_name, size_bytes: f.data.byteLength, last_modified: now })),
     };
-    if (previous) this.blobs.remove(previous.id);
     this.blobs.write(record.id, files);
     this.records.set(record.id, record);
     this.store.put('checkpoint', record.id, record);

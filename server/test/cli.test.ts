@@ -1,0 +1,141 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { ConfigError, parseOptions } from '../index.js';
+import { REPO_ROOT } from './helpers.js';
+
+const CLI = join(REPO_ROOT, 'server', 'cli.ts');
+const children: ChildProcess[] = [];
+const dirs: string[] = [];
+afterEach(() => {
+  for (const c of children.splice(0)) if (c.exitCode === null) c.kill('SIGKILL');
+  for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
+});
+
+interface Started {
+  child: ChildProcess;
+  vars: Record<string, string>;
+  /** Where the server really listens (the URL in its '# loops-mock ... listening on' line). */
+  listening: () => string;
+  exit: Promise<{ code: number | null; stderr: string }>;
+}
+
+/** Runs the CLI the way `npm start` does (from source through tsx) and waits for its printed variables. */
+function runCli(args: string[], env: Record<string, string> = {}): Started & { ready: Promise<void> } {
+  const child = spawn(process.execPath, ['--import', 'tsx', CLI, ...args], { cwd: REPO_ROOT, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(child);
+  let stdout = '';
+  let stderr = '';
+  const vars: Record<string, string> = {};
+  child.stderr!.on('data', (d) => { stderr += d; });
+  const exit = new Promise<{ code: number | null; stderr: string }>((resolve) => child.on('exit', (code) => resolve({ code, stderr })));
+  const ready = new Promise<void>((resolve, reject) => {
+    child.stdout!.on('data', (d) => {
+      stdout += d;
+      for (const line of stdout.split('\n')) {
+        const m = /^([A-Z_]+)=(.*)$/.exec(line);
+        if (m) vars[m[1]!] = m[2]!;
+      }
+      if (vars.BASETEN_MANAGEMENT_API_URL_OVERRIDE && stdout.includes(' listening on ')) resolve();
+    });
+    void exit.then(({ code }) => reject(new Error(`exited ${code} before printing its variables: ${stderr}`)));
+  });
+  ready.catch(() => {}); // Awaited only by tests that expect the server to start.
+  const listening = () => /listening on (\S+?),/.exec(stdout)?.[1] ?? '';
+  return { child, vars, exit, ready, listening };
+}
+
+async function call(url: string, key: string, method = 'GET', body?: unknown) {
+  const res = await fetch(url, { method, headers: { authorization: `Bearer ${key}`, ...(body ? { 'content-type': 'application/json' } : {}) }, body: body ? JSON.stringify(body) : undefined });
+  return { status: res.status, body: await res.json() as any };
+}
+
+describe('the loops-mock command', () => {
+  it('prints the three variables, each on its own line, with a key that works', async () => {
+    const cli = runCli(['serve', '--port', '0']);
+    await cli.ready;
+    expect(cli.vars.LOOPS_BASE_URL).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
+    expect(cli.vars.LOOPS_BASE_URL).not.toMatch(/:0$/);
+    expect(cli.vars.BASETEN_MANAGEMENT_API_URL_OVERRIDE).toBe(cli.vars.LOOPS_BASE_URL);
+    const res = await call(`${cli.vars.LOOPS_BASE_URL}/v1/loops/capabilities`, cli.vars.BASETEN_API_KEY!);
+    expect(res.status).toBe(200);
+    cli.child.kill('SIGTERM');
+    expect((await cli.exit).code).toBe(0);
+  });
+
+  it('takes flags from LOOPS_MOCK_* variables, flags winning, and enforces --api-key', async () => {
+    const cli = runCli(['--api-key', 'secret:acme:ml'], { LOOPS_MOCK_PORT: '0', LOOPS_MOCK_PUBLIC_URL: 'http://mock.example:9000/', LOOPS_MOCK_API_KEY: 'ignored' });
+    await cli.ready;
+    expect(cli.vars.BASETEN_API_KEY).toBe('secret');
+    expect(cli.vars.LOOPS_BASE_URL).toBe('http://mock.example:9000');
+    // The public URL goes into base_url fields; the server itself listens on loopback.
+    const base = cli.listening();
+    expect(base).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
+    expect((await call(`${base}/v1/loops/runs`, 'ignored')).status).toBe(401);
+    const session = (await call(`${base}/v1/loops/sessions`, 'secret', 'POST')).body.session.id;
+    const run = await call(`${base}/v1/loops/runs`, 'secret', 'POST', { session_id: session, base_model: 'Qwen/Qwen3-8B' });
+    expect(run.body.run.base_url).toBe(`http://mock.example:9000/trainer/${run.body.run.id}`);
+    cli.child.kill('SIGINT');
+    expect((await cli.exit).code).toBe(0);
+  });
+
+  it('shuts down on SIGTERM with exit 0, state flushed to the data dir', async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'loops-mock-cli-'));
+    dirs.push(dataDir);
+    const first = runCli(['--port', '0', '--data-dir', dataDir]);
+    await first.ready;
+    const base = first.vars.LOOPS_BASE_URL!;
+    const session = (await call(`${base}/v1/loops/sessions`, 'k', 'POST')).body.session.id;
+    const run = (await call(`${base}/v1/loops/runs`, 'k', 'POST', { session_id: session, base_model: 'Qwen/Qwen3-8B' })).body.run;
+    first.child.kill('SIGTERM');
+    expect((await first.exit).code).toBe(0);
+
+    const second = runCli(['--port', '0', '--data-dir', dataDir]);
+    await second.ready;
+    const again = await call(`${second.vars.LOOPS_BASE_URL}/v1/loops/runs/${run.id}`, 'k');
+    expect(again.body.run.status.name).toBe('INACTIVE');
+    second.child.kill('SIGTERM');
+    expect((await second.exit).code).toBe(0);
+  });
+
+  it('rejects an unknown flag or a bad value with one line and exit code 2', async () => {
+    for (const [args, fragment] of [
+      [['--prot', '8787'], 'unknown flag --prot'],
+      [['--port', 'eighty'], '--port must be a whole number'],
+      [['--log-level', 'loud'], '--log-level must be one of'],
+      [['--api-key', 'k::team'], '--api-key must be KEY'],
+      [['launch'], "unknown command 'launch'"],
+    ] as [string[], string][]) {
+      const cli = runCli(args);
+      const { code, stderr } = await cli.exit;
+      expect(code, args.join(' ')).toBe(2);
+      expect(stderr.trim().split('\n'), args.join(' ')).toHaveLength(1);
+      expect(stderr).toContain(fragment);
+    }
+  });
+
+  it('refuses a port that is taken with exit code 2', async () => {
+    const first = runCli(['--port', '0']);
+    await first.ready;
+    const port = new URL(first.vars.LOOPS_BASE_URL!).port;
+    const second = runCli(['--port', port]);
+    const { code, stderr } = await second.exit;
+    expect(code).toBe(2);
+    expect(stderr).toContain('cannot listen');
+    first.child.kill('SIGTERM');
+    await first.exit;
+  });
+});
+
+describe('option parsing', () => {
+  it('reads --flag value and --flag=value, repeatable keys, env fallbacks', () => {
+    const o = parseOptions(['--port=9000', '--api-key', 'a:org1', '--api-key=b:org1:team'], { LOOPS_MOCK_HOST: '0.0.0.0', LOOPS_MOCK_COLD_START_MS: '250' });
+    expect(o).toMatchObject({ port: 9000, host: '0.0.0.0', coldStartMs: 250, apiKeys: [{ key: 'a', org: 'org1' }, { key: 'b', org: 'org1', team: 'team' }] });
+    expect(parseOptions([], { LOOPS_MOCK_API_KEY: 'x,y' }).apiKeys.map((k) => k.key)).toEqual(['x', 'y']);
+    expect(() => parseOptions(['--port', '70000'])).toThrow(ConfigError);
+    expect(() => parseOptions(['--public-url', 'ftp://x'])).toThrow(/http or https/);
+    expect(() => parseOptions(['--data-dir'])).toThrow(/needs a value/);
+  });
+});
