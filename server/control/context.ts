@@ -1,7 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { LoopsCore } from '../core/core.js';
-import { ErrorResponse } from './schemas.js';
 import type { Views } from './views.js';
 
 export type TypedApp = FastifyInstance<any, any, any, any, TypeBoxTypeProvider>;
@@ -11,9 +10,9 @@ export interface ControlContext {
   views: Views;
 }
 
-/** Response schemas of a route: its 200 body, and the shared error body for failures. */
+/** Response schemas of a route: its 200 body. Errors share one shape, which /openapi.json adds to every route. */
 export function replies<T>(ok: T) {
-  return { 200: ok, '4xx': ErrorResponse, '5xx': ErrorResponse };
+  return { 200: ok };
 }
 
 /** The team a request acts for: the path's `team_id` on team-scoped routes, else the caller's own team. */

@@ -39,8 +39,13 @@ export class Accounts {
     for (const spec of apiKeys) this.ensureUser(spec);
   }
 
+  /** Principals of keys seen, so the hot path hashes each key once. */
+  private readonly principals = new Map<string, Principal>();
+
   /** The principal behind an API key, or 401. */
   authenticate(key: string): Principal {
+    const known = this.principals.get(key);
+    if (known) return known;
     if (!key) throw new LoopsError('unauthorized', 'The API key is empty: send `Authorization: Bearer <key>`.');
     const hash = keyHash(key);
     let spec: ApiKeySpec | undefined;
@@ -51,7 +56,11 @@ export class Accounts {
       spec = { key };
     }
     const user = this.users.get(stableId('user', hash)) ?? this.ensureUser(spec);
-    return { user_id: user.id, org_id: user.org_id, team_id: user.team_id, email: user.email };
+    const principal = { user_id: user.id, org_id: user.org_id, team_id: user.team_id, email: user.email };
+    // Bounded: a client cycling through random keys must not grow memory without end.
+    if (this.principals.size >= 10_000) this.principals.clear();
+    this.principals.set(key, principal);
+    return principal;
   }
 
   /** Whether only configured keys are accepted (then the data planes require a key too). */

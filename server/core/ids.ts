@@ -3,14 +3,24 @@ import { randomBytes } from 'node:crypto';
 const LOWER = 'abcdefghijklmnopqrstuvwxyz0123456789';
 const MIXED = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789';
 
+// Random bytes drawn in blocks: one getrandom call per thousands of ids, not one per id.
+let pool = Buffer.alloc(0);
+let offset = 0;
+function nextByte(): number {
+  if (offset >= pool.length) {
+    pool = randomBytes(4096);
+    offset = 0;
+  }
+  return pool[offset++]!;
+}
+
 function randomFrom(alphabet: string, length: number): string {
   // Rejection sampling keeps every character equally likely.
   const limit = 256 - (256 % alphabet.length);
   let out = '';
   while (out.length < length) {
-    for (const byte of randomBytes(length * 2)) {
-      if (byte < limit && out.length < length) out += alphabet[byte % alphabet.length];
-    }
+    const byte = nextByte();
+    if (byte < limit) out += alphabet[byte % alphabet.length];
   }
   return out;
 }

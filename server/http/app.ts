@@ -15,7 +15,7 @@ import { VERSION } from '../version.js';
 import { apiKeyOf, requirePrincipal } from './auth.js';
 import { installErrorHandler, installNotFoundHandler, sendError } from './errors.js';
 import { buildOpenApi } from './openapi.js';
-import { validatorCompiler } from './validation.js';
+import { serializerCompiler, validatorCompiler } from './validation.js';
 
 export type AppOptions = Pick<ServerOptions, 'bodyLimit' | 'logLevel' | 'dataDir'> & {
   /** The URL base_url fields start with; a function because the port may be known only after listen. */
@@ -43,6 +43,7 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
   }).withTypeProvider<TypeBoxTypeProvider>();
 
   app.setValidatorCompiler(validatorCompiler);
+  app.setSerializerCompiler(serializerCompiler);
   app.decorateRequest('principal', null as never);
 
   let closing = false;

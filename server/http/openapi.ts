@@ -1,4 +1,5 @@
 import type { RouteOptions } from 'fastify';
+import { ErrorResponse } from '../control/schemas.js';
 
 interface RouteSchema {
   tags?: string[];
@@ -10,7 +11,7 @@ interface RouteSchema {
   hide?: boolean;
 }
 
-const ERROR_RANGES: Record<string, string> = { '4xx': '4XX', '5xx': '5XX' };
+const ERROR_REPLY = { description: 'Error: {"error": {"type", "message", ...details}}', content: { 'application/json': { schema: ErrorResponse } } };
 
 /** The OpenAPI 3.1 document of every route registered with a schema, generated from the same TypeBox schemas that validate requests. */
 export function buildOpenApi(routes: RouteOptions[], version: string, serverUrl: string): object {
@@ -27,8 +28,10 @@ export function buildOpenApi(routes: RouteOptions[], version: string, serverUrl:
       ];
       const responses: Record<string, object> = {};
       for (const [code, body] of Object.entries(schema.response ?? { 200: {} })) {
-        responses[ERROR_RANGES[code] ?? code] = { description: code === '200' ? 'OK' : 'Error', content: { 'application/json': { schema: body } } };
+        responses[code] = { description: 'OK', content: { 'application/json': { schema: body } } };
       }
+      responses['4XX'] = ERROR_REPLY;
+      responses['5XX'] = ERROR_REPLY;
       (paths[path] ??= {})[method.toLowerCase()] = {
         tags: schema.tags,
         summary: schema.summary,

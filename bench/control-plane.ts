@@ -1,0 +1,66 @@
+import autocannon from 'autocannon';
+import { spawn } from 'node:child_process';
+import { createServer } from 'node:net';
+import { join } from 'node:path';
+
+/** Control-plane figures from a real server process on a real port. */
+const KEY = 'bench-key';
+const CONNECTIONS = 32;
+const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
+
+async function freePort(): Promise<number> {
+  return new Promise((resolve) => {
+    const s = createServer().listen(0, '127.0.0.1', () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+async function json(url: string, method = 'GET', body?: unknown): Promise<any> {
+  const res = await fetch(url, { method, headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' }, body: body ? JSON.stringify(body) : method === 'POST' ? '{}' : undefined });
+  return res.json();
+}
+
+export async function benchControlPlane(root: string): Promise<void> {
+  const port = await freePort();
+  const base = `http://127.0.0.1:${port}`;
+  const started = performance.now();
+  const child = spawn(process.execPath, [join(root, 'dist', 'server', 'cli.js'), '--port', String(port)], { stdio: 'ignore' });
+  let startupMs = NaN;
+  for (;;) {
+    try {
+      const res = await fetch(`${base}/v1/loops/capabilities`, { headers: { authorization: `Bearer ${KEY}` } });
+      if (res.status === 200) { startupMs = performance.now() - started; break; }
+    } catch { /* not listening yet */ }
+    if (performance.now() - started > 10_000) throw new Error('server did not start within 10 s');
+    await new Promise((r) => setTimeout(r, 2));
+  }
+  try {
+    const session = (await json(`${base}/v1/loops/sessions`, 'POST')).session.id;
+    const runs = [];
+    for (let i = 0; i < 20; i++) runs.push((await json(`${base}/v1/loops/runs`, 'POST', { session_id: session, base_model: 'Qwen/Qwen3-8B' })).run);
+    console.log(`control plane: startup to first 200: ${startupMs.toFixed(0)} ms (target < 1000 ms)`);
+    console.log(`control plane: ${CONNECTIONS} connections, ${DURATION_S} s per route`);
+    const routes: [string, autocannon.Options][] = [
+      ['GET  /v1/loops/runs/{run_id}', { url: `${base}/v1/loops/runs/${runs[0].id}` }],
+      ['GET  /v1/loops/runs (20 runs)', { url: `${base}/v1/loops/runs` }],
+      ['GET  /v1/loops/capabilities', { url: `${base}/v1/loops/capabilities` }],
+      ['POST /v1/loops/sessions', { url: `${base}/v1/loops/sessions`, method: 'POST', body: '{}' }],
+    ];
+    console.log('  route                                  req/s     p50 ms   p99 ms');
+    let worstP99 = 0;
+    const headers = { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' };
+    for (const [name, opts] of routes) {
+      // Warm up first: JIT compilation and first-use allocations are not steady-state latency.
+      await autocannon({ ...opts, connections: CONNECTIONS, duration: 1, headers });
+      const r = await autocannon({ ...opts, connections: CONNECTIONS, duration: DURATION_S, headers });
+      if (r.non2xx || r.errors) throw new Error(`${name}: ${r.non2xx} non-2xx answers, ${r.errors} errors`);
+      worstP99 = Math.max(worstP99, r.latency.p99);
+      console.log(`  ${name.padEnd(36)} ${r.requests.average.toFixed(0).padStart(8)} ${r.latency.p50.toFixed(1).padStart(9)} ${r.latency.p99.toFixed(1).padStart(8)}`);
+    }
+    console.log(`control plane: worst p99 ${worstP99.toFixed(1)} ms (target < 5 ms)`);
+  } finally {
+    child.kill('SIGTERM');
+  }
+}

@@ -1,0 +1,7 @@
+import { dirname, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { benchControlPlane } from './control-plane.js';
+
+/** `npm run bench`: prints every figure the issues set targets for. */
+const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+await benchControlPlane(root);
