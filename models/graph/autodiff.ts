@@ -1,0 +1,121 @@
+import type { GraphBuilder, GraphNode, Sym } from './builder.js';
+
+/**
+ * Graph-level reverse-mode autodiff. Each rule receives the node, the
+ * gradient of its output and the builder, and returns the gradient of each
+ * input (null where none flows). New nodes are appended to the same graph.
+ */
+type Rule = (g: GraphBuilder, node: GraphNode, dy: Sym, need: boolean[]) => (Sym | null)[];
+
+/** Builds a gradient only when that input needs one, so no dead nodes enter the graph. */
+const when = (needed: boolean | undefined, build: () => Sym): Sym | null => (needed ? build() : null);
+
+const [x0, x1] = [0, 1];
+const input = (n: GraphNode, i: number) => n.inputs[i]!;
+const out = (n: GraphNode) => n.outputs[0]!;
+
+export const RULES: Record<string, Rule> = {
+  Identity: (_g, _n, dy) => [dy],
+  Add: (g, n, dy, need) => [when(need[0], () => unbroadcast(g, dy, input(n, x0))), when(need[1], () => unbroadcast(g, dy, input(n, x1)))],
+  Sub: (g, n, dy, need) => [when(need[0], () => unbroadcast(g, dy, input(n, x0))), when(need[1], () => unbroadcast(g, g.neg(dy), input(n, x1)))],
+  Mul: (g, n, dy, need) => [
+    when(need[0], () => unbroadcast(g, g.mul(dy, input(n, x1)), input(n, x0))),
+    when(need[1], () => unbroadcast(g, g.mul(dy, input(n, x0)), input(n, x1))),
+  ],
+  // d(a/b) = da/b - (a/b)·db/b
+  Div: (g, n, dy, need) => [
+    when(need[0], () => unbroadcast(g, g.div(dy, input(n, x1)), input(n, x0))),
+    when(need[1], () => unbroadcast(g, g.neg(g.div(g.mul(dy, out(n)), input(n, x1))), input(n, x1))),
+  ],
+  Neg: (g, _n, dy) => [g.neg(dy)],
+  Exp: (g, n, dy) => [g.mul(dy, out(n))],
+  Log: (g, n, dy) => [g.div(dy, input(n, x0))],
+  Sqrt: (g, n, dy) => [g.div(g.mul(dy, g.scalar(0.5)), out(n))],
+  // σ' = σ(1 - σ)
+  Sigmoid: (g, n, dy) => [g.mul(dy, g.mul(out(n), g.sub(g.scalar(1), out(n))))],
+  MatMul: (g, n, dy, need) => matmulGrads(g, input(n, x0), input(n, x1), dy, need),
+  Transpose: (g, n, dy) => [g.transpose(dy, inverse(n.attrs.perm as number[]))],
+  Reshape: (g, n, dy) => [g.reshapeLike(dy, input(n, x0)), null],
+  Unsqueeze: (g, n, dy) => [g.reshapeLike(dy, input(n, x0)), null],
+  ReduceSum: (g, n, dy) => [g.expandLike(dy, input(n, x0)), null],
+  ReduceMean: (g, n, dy) => {
+    const x = input(n, x0);
+    const count = (n.attrs.axes as number[]).reduce((p, a) => p * (x.shape[a < 0 ? a + x.shape.length : a] as number), 1);
+    return [g.expandLike(g.div(dy, g.scalar(count)), x)];
+  },
+  // y = x - logsumexp(x): dx = dy - softmax(x)·Σdy
+  LogSoftmax: (g, n, dy) => [g.sub(dy, g.mul(g.exp(out(n)), g.reduceSum(dy, [-1])))],
+  // y = softmax(x): dx = y·(dy - Σ dy·y)
+  Softmax: (g, n, dy) => [g.mul(out(n), g.sub(dy, g.reduceSum(g.mul(dy, out(n)), [-1])))],
+  GatherElements: (g, n, dy) => [g.scatterElements(g.zerosLike(input(n, x0)), input(n, x1), dy, n.attrs.axis as number), null],
+};
+
+/** Gradients of `sum(seed_i · y_i)` with respect to `wrt`, appended to the graph. */
+export function backprop(g: GraphBuilder, seeds: [y: Sym, dy: Sym][], wrt: Sym[]): Map<Sym, Sym> {
+  // Only nodes on a path from `wrt` to the seeds need a rule.
+  const needs = new Set<number>(wrt.map((s) => s.id));
+  const tape = g.nodes.slice();
+  for (const node of tape) if (node.inputs.some((s) => needs.has(s.id))) for (const o of node.outputs) needs.add(o.id);
+
+  const grads = new Map<number, Sym>();
+  const accumulate = (s: Sym, dx: Sym) => {
+    const prior = grads.get(s.id);
+    grads.set(s.id, prior ? g.add(prior, dx) : dx);
+  };
+  for (const [y, dy] of seeds) accumulate(y, dy);
+
+  for (let i = tape.length - 1; i >= 0; i--) {
+    const node = tape[i]!;
+    const dy = grads.get(node.outputs[0]!.id);
+    if (!dy || !node.inputs.some((s) => needs.has(s.id))) continue;
+    const rule = RULES[node.op];
+    if (!rule) throw new Error(`no backward rule for ${node.op}`);
+    rule(g, node, dy, node.inputs.map((x) => needs.has(x.id))).forEach((dx, k) => {
+      const x = node.inputs[k]!;
+      if (dx && needs.has(x.id)) accumulate(x, dx);
+    });
+  }
+  const result = new Map<Sym, Sym>();
+  for (const w of wrt) {
+    const dw = grads.get(w.id);
+    if (!dw) throw new Error(`${w.name} does not reach the seeds`);
+    result.set(w, dw);
+  }
+  return result;
+}
+
+/**
+ * MatMul gradients. A weight [k, n] applied to activations [..., k] gets
+ * its gradient as one 2-D product over all leading positions.
+ */
+function matmulGrads(g: GraphBuilder, a: Sym, b: Sym, dy: Sym, need: boolean[]): (Sym | null)[] {
+  const da = when(need[0], () => unbroadcast(g, g.matmul(dy, g.transposeLast(b)), a));
+  if (b.shape.length === 2 && a.shape.length > 2) {
+    return [da, when(need[1], () => {
+      const k = b.shape[0] as number;
+      const n = b.shape[1] as number;
+      return g.matmul(g.transposeLast(g.reshape(a, [-1, k], ['N', k])), g.reshape(dy, [-1, n], ['N', n]));
+    })];
+  }
+  if (a.shape.length !== b.shape.length) throw new Error(`MatMul backward needs equal ranks or a 2-D right side, got [${a.shape}] @ [${b.shape}]`);
+  return [da, when(need[1], () => unbroadcast(g, g.matmul(g.transposeLast(a), dy), b))];
+}
+
+/** Sums a gradient over the axes along which `target` was broadcast, back to target's shape. */
+function unbroadcast(g: GraphBuilder, dy: Sym, target: Sym): Sym {
+  const lead = dy.shape.length - target.shape.length;
+  const axes: number[] = [];
+  dy.shape.forEach((d, i) => {
+    const t = i < lead ? undefined : target.shape[i - lead];
+    if (t === undefined || (t === 1 && d !== 1)) axes.push(i);
+  });
+  if (!axes.length) return dy;
+  const summed = g.reduceSum(dy, axes, true);
+  return lead > 0 || summed.shape.length !== target.shape.length ? g.reshapeLike(summed, target) : summed;
+}
+
+function inverse(perm: number[]): number[] {
+  const inv: number[] = [];
+  perm.forEach((p, i) => { inv[p] = i; });
+  return inv;
+}

@@ -1,0 +1,211 @@
+import onnxProto from 'onnx-proto';
+
+/**
+ * A small ONNX graph builder. Each op helper records a node and returns a
+ * symbolic tensor with its inferred shape, so the autodiff (autodiff.ts) can
+ * read the graph back as a tape. Dimensions are numbers or names ('B', 'T').
+ */
+const { onnx } = onnxProto as unknown as { onnx: any };
+
+export type Dim = number | string;
+export type DType = 'float32' | 'int64';
+
+export interface Sym {
+  readonly id: number;
+  readonly name: string;
+  readonly shape: Dim[];
+  readonly dtype: DType;
+}
+
+export interface GraphNode {
+  op: string;
+  inputs: Sym[];
+  outputs: Sym[];
+  attrs: Record<string, number | number[]>;
+}
+
+const ELEM_TYPE: Record<DType, number> = { float32: 1, int64: 7 };
+
+export class GraphBuilder {
+  readonly nodes: GraphNode[] = [];
+  private readonly inputs: Sym[] = [];
+  private readonly outputs: Sym[] = [];
+  private readonly initializers: { sym: Sym; data: Float32Array | BigInt64Array }[] = [];
+  private nextId = 0;
+
+  constructor(readonly name: string) {}
+
+  private sym(shape: Dim[], dtype: DType, name?: string): Sym {
+    const id = this.nextId++;
+    return { id, name: name ?? `t${id}`, shape, dtype };
+  }
+
+  input(name: string, dtype: DType, shape: Dim[]): Sym {
+    const s = this.sym(shape, dtype, name);
+    this.inputs.push(s);
+    return s;
+  }
+
+  /** Marks `x` as a graph output called `name`. */
+  output(x: Sym, name: string): Sym {
+    const out = this.sym(x.shape, x.dtype, name);
+    this.nodes.push({ op: 'Identity', inputs: [x], outputs: [out], attrs: {} });
+    this.outputs.push(out);
+    return out;
+  }
+
+  constF(values: number[] | Float32Array, shape: Dim[] = [values.length]): Sym {
+    const s = this.sym(shape, 'float32');
+    this.initializers.push({ sym: s, data: values instanceof Float32Array ? values : Float32Array.from(values) });
+    return s;
+  }
+
+  constI(values: number[], shape: Dim[] = [values.length]): Sym {
+    const s = this.sym(shape, 'int64');
+    this.initializers.push({ sym: s, data: BigInt64Array.from(values.map(BigInt)) });
+    return s;
+  }
+
+  scalar(value: number): Sym {
+    return this.constF([value], []);
+  }
+
+  /** Records a node with one output of the given shape. */
+  node(op: string, inputs: Sym[], shape: Dim[], dtype: DType = inputs[0]!.dtype, attrs: Record<string, number | number[]> = {}): Sym {
+    const out = this.sym(shape, dtype);
+    this.nodes.push({ op, inputs, outputs: [out], attrs });
+    return out;
+  }
+
+  // ---- ops ----------------------------------------------------------------
+
+  add(a: Sym, b: Sym): Sym { return this.node('Add', [a, b], broadcast(a.shape, b.shape)); }
+  sub(a: Sym, b: Sym): Sym { return this.node('Sub', [a, b], broadcast(a.shape, b.shape)); }
+  mul(a: Sym, b: Sym): Sym { return this.node('Mul', [a, b], broadcast(a.shape, b.shape)); }
+  div(a: Sym, b: Sym): Sym { return this.node('Div', [a, b], broadcast(a.shape, b.shape)); }
+  neg(x: Sym): Sym { return this.node('Neg', [x], x.shape); }
+  exp(x: Sym): Sym { return this.node('Exp', [x], x.shape); }
+  log(x: Sym): Sym { return this.node('Log', [x], x.shape); }
+  sqrt(x: Sym): Sym { return this.node('Sqrt', [x], x.shape); }
+  sigmoid(x: Sym): Sym { return this.node('Sigmoid', [x], x.shape); }
+
+  matmul(a: Sym, b: Sym): Sym {
+    const batch = broadcast(a.shape.slice(0, -2), b.shape.slice(0, -2));
+    return this.node('MatMul', [a, b], [...batch, a.shape[a.shape.length - 2]!, b.shape[b.shape.length - 1]!]);
+  }
+
+  transpose(x: Sym, perm: number[]): Sym {
+    return this.node('Transpose', [x], perm.map((p) => x.shape[p]!), x.dtype, { perm });
+  }
+
+  /** Swaps the last two axes. */
+  transposeLast(x: Sym): Sym {
+    const perm = x.shape.map((_, i) => i);
+    [perm[perm.length - 1], perm[perm.length - 2]] = [perm[perm.length - 2]!, perm[perm.length - 1]!];
+    return this.transpose(x, perm);
+  }
+
+  /** ONNX Reshape: `target` may use 0 (keep that input dim) and -1 (infer); `shape` is the result's symbolic shape. */
+  reshape(x: Sym, target: number[], shape: Dim[]): Sym {
+    return this.node('Reshape', [x, this.constI(target)], shape);
+  }
+
+  /** Reshape to the runtime shape of `like`. */
+  reshapeLike(x: Sym, like: Sym): Sym {
+    return this.node('Reshape', [x, this.shapeOf(like)], like.shape);
+  }
+
+  shapeOf(x: Sym): Sym {
+    return this.node('Shape', [x], [x.shape.length], 'int64');
+  }
+
+  /** Broadcasts `x` to the runtime shape of `like`. */
+  expandLike(x: Sym, like: Sym): Sym {
+    return this.node('Expand', [x, this.shapeOf(like)], like.shape);
+  }
+
+  zerosLike(x: Sym): Sym {
+    return this.node('ConstantOfShape', [this.shapeOf(x)], x.shape, 'float32');
+  }
+
+  reduceSum(x: Sym, axes: number[], keepdims = true): Sym {
+    return this.node('ReduceSum', [x, this.constI(axes)], reduced(x.shape, axes, keepdims), x.dtype, { keepdims: keepdims ? 1 : 0 });
+  }
+
+  reduceMean(x: Sym, axes: number[]): Sym {
+    return this.node('ReduceMean', [x], reduced(x.shape, axes, true), x.dtype, { axes, keepdims: 1 });
+  }
+
+  softmax(x: Sym): Sym { return this.node('Softmax', [x], x.shape, x.dtype, { axis: -1 }); }
+  logSoftmax(x: Sym): Sym { return this.node('LogSoftmax', [x], x.shape, x.dtype, { axis: -1 }); }
+
+  /** table[indices] along `axis`. */
+  gather(table: Sym, indices: Sym, axis: number): Sym {
+    const shape = [...table.shape.slice(0, axis), ...indices.shape, ...table.shape.slice(axis + 1)];
+    return this.node('Gather', [table, indices], shape, table.dtype, { axis });
+  }
+
+  gatherElements(x: Sym, indices: Sym, axis: number): Sym {
+    return this.node('GatherElements', [x, indices], indices.shape, x.dtype, { axis });
+  }
+
+  scatterElements(into: Sym, indices: Sym, updates: Sym, axis: number): Sym {
+    return this.node('ScatterElements', [into, indices, updates], into.shape, into.dtype, { axis });
+  }
+
+  concat(xs: Sym[], axis: number, shape: Dim[]): Sym {
+    return this.node('Concat', xs, shape, xs[0]!.dtype, { axis });
+  }
+
+  unsqueeze(x: Sym, axes: number[]): Sym {
+    const shape = [...x.shape];
+    for (const a of [...axes].sort((p, q) => p - q)) shape.splice(a, 0, 1);
+    return this.node('Unsqueeze', [x, this.constI(axes)], shape);
+  }
+
+  // ---- export -----------------------------------------------------------------
+
+  /** Serialises the graph as an ONNX model (opset 17). */
+  toOnnx(): Uint8Array {
+    const valueInfo = (s: Sym) => onnx.ValueInfoProto.create({
+      name: s.name,
+      type: { tensorType: { elemType: ELEM_TYPE[s.dtype], shape: { dim: s.shape.map((d) => (typeof d === 'number' ? { dimValue: d } : { dimParam: d })) } } },
+    });
+    const attribute = (name: string, v: number | number[]) =>
+      Array.isArray(v) ? onnx.AttributeProto.create({ name, type: 7, ints: v }) : onnx.AttributeProto.create({ name, type: 2, i: v });
+    const graph = onnx.GraphProto.create({
+      name: this.name,
+      node: this.nodes.map((n, i) => onnx.NodeProto.create({
+        name: `${n.op}_${i}`, opType: n.op, input: n.inputs.map((s) => s.name), output: n.outputs.map((s) => s.name),
+        attribute: Object.entries(n.attrs).map(([k, v]) => attribute(k, v)),
+      })),
+      input: this.inputs.map(valueInfo),
+      output: this.outputs.map(valueInfo),
+      initializer: this.initializers.map(({ sym, data }) => onnx.TensorProto.create({
+        name: sym.name, dims: sym.shape as number[], dataType: ELEM_TYPE[sym.dtype],
+        rawData: new Uint8Array(data.buffer, data.byteOffset, data.byteLength),
+      })),
+    });
+    const model = onnx.ModelProto.create({ irVersion: 8, producerName: 'loops-mock', opsetImport: [{ domain: '', version: 17 }], graph });
+    return onnx.ModelProto.encode(model).finish() as Uint8Array;
+  }
+}
+
+/** Numpy-style broadcast of two symbolic shapes. */
+export function broadcast(a: Dim[], b: Dim[]): Dim[] {
+  const n = Math.max(a.length, b.length);
+  const out: Dim[] = [];
+  for (let i = 0; i < n; i++) {
+    const x = a[a.length - n + i] ?? 1;
+    const y = b[b.length - n + i] ?? 1;
+    if (x === 1) out.push(y);
+    else if (y === 1 || x === y) out.push(x);
+    else throw new Error(`cannot broadcast [${a}] with [${b}]`);
+  }
+  return out;
+}
+
+function reduced(shape: Dim[], axes: number[], keepdims: boolean): Dim[] {
+  const norm = axes.map((a) => (a < 0 ? a + shape.length : a));
+  return keepdims ? shape.map((d, i) => (norm.includes(i) ? 1 : d)) : shape.filter((_, i) => !norm.includes(i));
+}

@@ -1,0 +1,182 @@
+import { backprop } from './graph/autodiff.js';
+import { GraphBuilder, type Sym } from './graph/builder.js';
+import { Prng } from './prng.js';
+
+/**
+ * The tiny decoder-only transformer behind every base model: RMSNorm, rotary
+ * positions, SwiGLU MLP, tied embedding and unembedding. Real vocabulary,
+ * toy width: enough to really train and sample on a laptop.
+ */
+export interface ModelDims {
+  vocab: number;
+  dModel: number;
+  layers: number;
+  heads: number;
+  ffn: number;
+}
+
+export const DEFAULT_DIMS: Omit<ModelDims, 'vocab'> = { dModel: 64, layers: 2, heads: 4, ffn: 128 };
+const NORM_EPS = 1e-6;
+export const ROPE_BASE = 10000;
+
+/** The linear maps that carry LoRA adapters, with their PEFT module names. */
+export type LoraModule = 'q_proj' | 'k_proj' | 'v_proj' | 'o_proj' | 'gate_proj' | 'up_proj' | 'down_proj' | 'lm_head';
+export const LAYER_MODULES: LoraModule[] = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'];
+export const LORA_MODULES: LoraModule[] = [...LAYER_MODULES, 'lm_head'];
+
+export interface LoraSite {
+  /** Internal name, e.g. `layers.0.q_proj` or `lm_head`. */
+  key: string;
+  module: LoraModule;
+  layer: number | null;
+  inDim: number;
+  outDim: number;
+}
+
+/** Every LoRA site of a model, in a fixed order (the order of graph inputs and of saved tensors). */
+export function loraSites(dims: ModelDims): LoraSite[] {
+  const { dModel: d, ffn } = dims;
+  const io: Record<LoraModule, [number, number]> = {
+    q_proj: [d, d], k_proj: [d, d], v_proj: [d, d], o_proj: [d, d], gate_proj: [d, ffn], up_proj: [d, ffn], down_proj: [ffn, d], lm_head: [d, dims.vocab],
+  };
+  const sites: LoraSite[] = [];
+  for (let l = 0; l < dims.layers; l++) {
+    for (const m of LAYER_MODULES) sites.push({ key: `layers.${l}.${m}`, module: m, layer: l, inDim: io[m][0], outDim: io[m][1] });
+  }
+  sites.push({ key: 'lm_head', module: 'lm_head', layer: null, inDim: d, outDim: dims.vocab });
+  return sites;
+}
+
+export interface BaseWeight {
+  name: string;
+  shape: number[];
+  data: Float32Array;
+}
+
+/**
+ * Base weights from a PRNG keyed by the model name: the same name gives
+ * bit-identical weights everywhere. Scales keep activations and initial
+ * logits near unit variance (so the first loss is about ln(vocab)).
+ */
+export function baseWeights(modelName: string, dims: ModelDims): BaseWeight[] {
+  const rng = new Prng(`loops-mock base weights ${modelName}`);
+  const residual = 1 / Math.sqrt(2 * dims.layers);
+  return baseWeightShapes(dims).map(({ name, shape }) => {
+    const data = new Float32Array(shape.reduce((p, n) => p * n, 1));
+    if (name.endsWith('norm')) return { name, shape, data: data.fill(1) };
+    // Projections into the residual stream are scaled down so depth does not grow activations.
+    const std = (1 / Math.sqrt(shape[0]!)) * (name.endsWith('o_proj') || name.endsWith('down_proj') ? residual : 1);
+    return { name, shape, data: rng.fillUniform(data, std) };
+  });
+}
+
+export type GraphKind = 'forward' | 'backward' | 'decode';
+
+export interface BuiltGraph {
+  onnx: Uint8Array;
+  /** LoRA input names in site order: `lora.<key>.A`, `lora.<key>.B`. */
+  loraInputs: string[];
+}
+
+/**
+ * Builds one of the three graphs:
+ * - forward: logprob of each target token, [B, T];
+ * - backward: the same logprobs, and the gradient of Σ c·logprob for every LoRA tensor;
+ * - decode: next-token logits of the last position, with a KV cache in and out.
+ */
+export function buildGraph(kind: GraphKind, dims: ModelDims): BuiltGraph {
+  const g = new GraphBuilder(`loops-mock-${kind}`);
+  const { dModel: d, heads } = dims;
+  const hd = d / heads;
+  const decode = kind === 'decode';
+  const Tk = decode ? 'K' : 'T';
+
+  const tokens = g.input('tokens', 'int64', ['B', 'T']);
+  const attnBias = g.input('attn_bias', 'float32', ['B', 1, 'T', Tk]);
+  const ropeCos = g.unsqueeze(g.input('rope_cos', 'float32', ['B', 'T', hd]), [2]);
+  const ropeSin = g.unsqueeze(g.input('rope_sin', 'float32', ['B', 'T', hd]), [2]);
+  const scale = g.input('lora_scale', 'float32', []);
+  const base = new Map<string, Sym>();
+  for (const w of baseWeightShapes(dims)) base.set(w.name, g.input(`base.${w.name}`, 'float32', w.shape));
+  const lora = new Map<string, { A: Sym; B: Sym }>();
+  for (const site of loraSites(dims)) {
+    lora.set(site.key, { A: g.input(`lora.${site.key}.A`, 'float32', [site.inDim, 'r']), B: g.input(`lora.${site.key}.B`, 'float32', ['r', site.outDim]) });
+  }
+
+  const W = (name: string) => base.get(name)!;
+  /** x·W + scale·(x·A)·B: the base projection plus its LoRA update. */
+  const proj = (x: Sym, key: string, weight: Sym) => {
+    const { A, B } = lora.get(key)!;
+    return g.add(g.matmul(x, weight), g.mul(g.matmul(g.matmul(x, A), B), scale));
+  };
+  const rmsnorm = (x: Sym, weight: Sym) => g.mul(g.div(x, g.sqrt(g.add(g.reduceMean(g.mul(x, x), [-1]), g.scalar(NORM_EPS)))), weight);
+  // rotate_half as a constant matrix: x·R = concat(-x₂, x₁), so rotary needs no slicing.
+  const R = new Float32Array(hd * hd);
+  for (let j = 0; j < hd / 2; j++) {
+    R[(j + hd / 2) * hd + j] = -1;
+    R[j * hd + j + hd / 2] = 1;
+  }
+  const rotate = g.constF(R, [hd, hd]);
+  const rope = (x: Sym) => g.add(g.mul(x, ropeCos), g.mul(g.matmul(x, rotate), ropeSin));
+  const splitHeads = (x: Sym) => g.reshape(x, [0, 0, heads, hd], ['B', 'T', heads, hd]);
+
+  // Embedding: columns of the transposed table, back to [B, T, d].
+  let x = g.transpose(g.gather(W('embed_t'), tokens, 1), [1, 2, 0]);
+  const presents: Sym[] = [];
+  for (let l = 0; l < dims.layers; l++) {
+    const p = `layers.${l}`;
+    const h = rmsnorm(x, W(`${p}.attn_norm`));
+    const q = g.transpose(rope(splitHeads(proj(h, `${p}.q_proj`, W(`${p}.q_proj`)))), [0, 2, 1, 3]);
+    let k = g.transpose(rope(splitHeads(proj(h, `${p}.k_proj`, W(`${p}.k_proj`)))), [0, 2, 1, 3]);
+    let v = g.transpose(splitHeads(proj(h, `${p}.v_proj`, W(`${p}.v_proj`))), [0, 2, 1, 3]);
+    if (decode) {
+      k = g.concat([g.input(`past_k.${l}`, 'float32', ['B', heads, 'P', hd]), k], 2, ['B', heads, 'K', hd]);
+      v = g.concat([g.input(`past_v.${l}`, 'float32', ['B', heads, 'P', hd]), v], 2, ['B', heads, 'K', hd]);
+      presents.push(k, v);
+    }
+    const scores = g.add(g.mul(g.matmul(q, g.transposeLast(k)), g.scalar(1 / Math.sqrt(hd))), attnBias);
+    const attn = g.matmul(g.softmax(scores), v);
+    const merged = g.reshape(g.transpose(attn, [0, 2, 1, 3]), [0, 0, d], ['B', 'T', d]);
+    x = g.add(x, proj(merged, `${p}.o_proj`, W(`${p}.o_proj`)));
+    const m = rmsnorm(x, W(`${p}.mlp_norm`));
+    const gate = proj(m, `${p}.gate_proj`, W(`${p}.gate_proj`));
+    const up = proj(m, `${p}.up_proj`, W(`${p}.up_proj`));
+    x = g.add(x, proj(g.mul(g.mul(gate, g.sigmoid(gate)), up), `${p}.down_proj`, W(`${p}.down_proj`)));
+  }
+  const final = rmsnorm(x, W('final_norm'));
+  const logits = proj(final, 'lm_head', W('embed_t'));
+
+  if (decode) {
+    g.output(g.gather(logits, g.constI([-1], []), 1), 'logits');
+    presents.forEach((s, i) => g.output(s, `present_${i % 2 === 0 ? 'k' : 'v'}.${Math.floor(i / 2)}`));
+  } else {
+    const targets = g.input('targets', 'int64', ['B', 'T']);
+    const picked = g.gatherElements(g.logSoftmax(logits), g.unsqueeze(targets, [2]), 2);
+    const logprobs = g.reshape(picked, [0, 0], ['B', 'T']);
+    g.output(logprobs, 'logprobs');
+    if (kind === 'backward') {
+      const cotangent = g.input('cotangent', 'float32', ['B', 'T']);
+      const wrt = [...lora.values()].flatMap(({ A, B }) => [A, B]);
+      const grads = backprop(g, [[logprobs, cotangent]], wrt);
+      for (const [site, { A, B }] of lora) {
+        g.output(grads.get(A)!, `grad.${site}.A`);
+        g.output(grads.get(B)!, `grad.${site}.B`);
+      }
+    }
+  }
+  return { onnx: g.toOnnx(), loraInputs: [...lora.keys()].flatMap((k) => [`lora.${k}.A`, `lora.${k}.B`]) };
+}
+
+/** Names and shapes of the base weights (graph inputs), embedding first: embed_t is [d, vocab], the unembedding read directly. */
+export function baseWeightShapes(dims: ModelDims): { name: string; shape: number[] }[] {
+  const { dModel: d, ffn, vocab } = dims;
+  const out = [{ name: 'embed_t', shape: [d, vocab] }];
+  for (let l = 0; l < dims.layers; l++) {
+    out.push({ name: `layers.${l}.attn_norm`, shape: [d] });
+    for (const m of ['q_proj', 'k_proj', 'v_proj', 'o_proj']) out.push({ name: `layers.${l}.${m}`, shape: [d, d] });
+    out.push({ name: `layers.${l}.mlp_norm`, shape: [d] });
+    out.push({ name: `layers.${l}.gate_proj`, shape: [d, ffn] }, { name: `layers.${l}.up_proj`, shape: [d, ffn] }, { name: `layers.${l}.down_proj`, shape: [ffn, d] });
+  }
+  out.push({ name: 'final_norm', shape: [d] });
+  return out;
+}
