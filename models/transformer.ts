@@ -70,7 +70,7 @@ export function baseWeights(modelName: string, dims: ModelDims): BaseWeight[] {
   });
 }
 
-export type GraphKind = 'forward' | 'backward' | 'decode';
+export type GraphKind = 'forward' | 'backward' | 'decode' | 'topk';
 
 export interface BuiltGraph {
   onnx: Uint8Array;
@@ -82,7 +82,8 @@ export interface BuiltGraph {
  * Builds one of the three graphs:
  * - forward: logprob of each target token, [B, T];
  * - backward: the same logprobs, and the gradient of Σ c·logprob for every LoRA tensor;
- * - decode: next-token logits of the last position, with a KV cache in and out.
+ * - decode: next-token logits of the last position, with a KV cache in and out;
+ * - topk: the forward logprobs, and the k most likely tokens at every position (prompt top-k).
  */
 export function buildGraph(kind: GraphKind, dims: ModelDims): BuiltGraph {
   const g = new GraphBuilder(`loops-mock-${kind}`);
@@ -151,9 +152,15 @@ export function buildGraph(kind: GraphKind, dims: ModelDims): BuiltGraph {
     presents.forEach((s, i) => g.output(s, `present_${i % 2 === 0 ? 'k' : 'v'}.${Math.floor(i / 2)}`));
   } else {
     const targets = g.input('targets', 'int64', ['B', 'T']);
-    const picked = g.gatherElements(g.logSoftmax(logits), g.unsqueeze(targets, [2]), 2);
+    const all = g.logSoftmax(logits);
+    const picked = g.gatherElements(all, g.unsqueeze(targets, [2]), 2);
     const logprobs = g.reshape(picked, [0, 0], ['B', 'T']);
     g.output(logprobs, 'logprobs');
+    if (kind === 'topk') {
+      const [values, indices] = g.topk(all, g.input('k', 'int64', [1]));
+      g.output(values, 'topk_values');
+      g.output(indices, 'topk_indices');
+    }
     if (kind === 'backward') {
       const cotangent = g.input('cotangent', 'float32', ['B', 'T']);
       const wrt = [...lora.values()].flatMap(({ A, B }) => [A, B]);

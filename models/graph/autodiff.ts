@@ -91,11 +91,7 @@ export function backprop(g: GraphBuilder, seeds: [y: Sym, dy: Sym][], wrt: Sym[]
 function matmulGrads(g: GraphBuilder, a: Sym, b: Sym, dy: Sym, need: boolean[]): (Sym | null)[] {
   const da = when(need[0], () => unbroadcast(g, g.matmul(dy, g.transposeLast(b)), a));
   if (b.shape.length === 2 && a.shape.length > 2) {
-    return [da, when(need[1], () => {
-      const k = b.shape[0] as number;
-      const n = b.shape[1] as number;
-      return g.matmul(g.transposeLast(g.reshape(a, [-1, k], ['N', k])), g.reshape(dy, [-1, n], ['N', n]));
-    })];
+    return [da, when(need[1], () => g.matmul(g.transposeLast(g.flattenLeading(a)), g.flattenLeading(dy)))];
   }
   if (a.shape.length !== b.shape.length) throw new Error(`MatMul backward needs equal ranks or a 2-D right side, got [${a.shape}] @ [${b.shape}]`);
   return [da, when(need[1], () => unbroadcast(g, g.matmul(g.transposeLast(a), dy), b))];

@@ -110,6 +110,11 @@ export class GraphBuilder {
     return this.node('Reshape', [x, this.constI(target)], shape);
   }
 
+  /** Collapses every axis before the last into one: [..., k] → [N, k]. */
+  flattenLeading(x: Sym): Sym {
+    return this.node('Flatten', [x], ['N', x.shape[x.shape.length - 1]!], x.dtype, { axis: x.shape.length - 1 });
+  }
+
   /** Reshape to the runtime shape of `like`. */
   reshapeLike(x: Sym, like: Sym): Sym {
     return this.node('Reshape', [x, this.shapeOf(like)], like.shape);
@@ -151,6 +156,15 @@ export class GraphBuilder {
 
   scatterElements(into: Sym, indices: Sym, updates: Sym, axis: number): Sym {
     return this.node('ScatterElements', [into, indices, updates], into.shape, into.dtype, { axis });
+  }
+
+  /** The k largest values along the last axis and their indices (k: an int64 [1] tensor). */
+  topk(x: Sym, k: Sym): [Sym, Sym] {
+    const shape = [...x.shape.slice(0, -1), 'k'];
+    const values = this.sym(shape, x.dtype);
+    const indices = this.sym(shape, 'int64');
+    this.nodes.push({ op: 'TopK', inputs: [x, k], outputs: [values, indices], attrs: { axis: -1, largest: 1, sorted: 1 } });
+    return [values, indices];
   }
 
   concat(xs: Sym[], axis: number, shape: Dim[]): Sym {

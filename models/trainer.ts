@@ -1,0 +1,167 @@
+import type { ModelEngine, ScoredSequence } from './engine.js';
+import { computeLoss, cotangentsNeedLogprobs, isRatioLoss, LossInputError, type LossDatum, type LossName, type Reduction } from './losses.js';
+import { cloneAdapter, DEFAULT_LORA_ALPHA, freshAdapter, parameters, type LoraAdapter } from './lora.js';
+import { adamwStep, freshOptimizerState, type AdamParams, type OptimizerState } from './optimizer.js';
+import { adapterFiles, CheckpointLoadError, readAdapter, readOptimizer, stateFiles, type CheckpointFile } from './peft.js';
+
+/** One training example, as the wire's Datum carries it. */
+export interface TrainingDatum {
+  tokens: number[];
+  /** `target_tokens`; null = each position predicts the next input token (the last one counts for nothing). -100 = not counted. */
+  targetTokens: number[] | null;
+  weights: Float32Array | null;
+  /** Sampler logprobs (`loss_fn_inputs.logprobs`). */
+  logprobs: Float32Array | null;
+  advantages: Float32Array | null;
+}
+
+export interface PassResult {
+  loss: number;
+  /** Per datum, the learner logprob of each position's target (0 where no target counts). */
+  logprobs: Float32Array[];
+  metrics: Record<string, number>;
+}
+
+export const IGNORE_TARGET = -100;
+
+/**
+ * The training state of one run on a shared engine: its LoRA adapter, the
+ * gradients accumulated since the last optimizer step, and AdamW's moments.
+ */
+export class LoraTrainer {
+  adapter: LoraAdapter;
+  optimizer: OptimizerState = freshOptimizerState();
+  private grads: Map<string, Float32Array> | null = null;
+
+  constructor(readonly engine: ModelEngine, rank: number, alpha = DEFAULT_LORA_ALPHA, readonly seed: number | string = 0) {
+    this.adapter = freshAdapter(engine.sites, rank, alpha, seed);
+  }
+
+  /** Optimizer steps applied: the policy version. */
+  get step(): number {
+    return this.optimizer.step;
+  }
+
+  /** Loss and logprobs; no gradient is touched. */
+  async forward(data: TrainingDatum[], loss: LossName, config: Record<string, number>, reduction: Reduction = 'mean'): Promise<PassResult> {
+    const { seqs, lossData } = this.prepare(data, loss);
+    const logprobs = this.mask(await this.engine.forward(seqs, this.adapter), lossData);
+    const result = computeLoss(loss, config, lossData, logprobs, reduction);
+    return { loss: result.loss, logprobs, metrics: result.metrics };
+  }
+
+  /** Loss and logprobs, and the loss's gradient added to those accumulated since the last optimizer step. */
+  async forwardBackward(data: TrainingDatum[], loss: LossName, config: Record<string, number>, reduction: Reduction = 'mean'): Promise<PassResult> {
+    const { seqs, lossData } = this.prepare(data, loss);
+    let cotangents: Float32Array[];
+    let result;
+    if (cotangentsNeedLogprobs(loss)) {
+      const logprobs = this.mask(await this.engine.forward(seqs, this.adapter), lossData);
+      result = computeLoss(loss, config, lossData, logprobs, reduction);
+      cotangents = result.cotangents;
+    } else {
+      // Cross-entropy's cotangents are fixed by the weights: one backward pass gives logprobs and gradients.
+      result = computeLoss(loss, config, lossData, lossData.map((d) => new Float32Array(d.counted.length)), reduction);
+      cotangents = result.cotangents;
+    }
+    const { logprobs: rawLogprobs, grads } = await this.engine.backward(seqs, this.adapter, cotangents);
+    const logprobs = this.mask(rawLogprobs, lossData);
+    if (!cotangentsNeedLogprobs(loss)) result = computeLoss(loss, config, lossData, logprobs, reduction);
+    this.accumulate(grads);
+    return { loss: result.loss, logprobs, metrics: result.metrics };
+  }
+
+  /** One AdamW step over the accumulated gradients (none accumulated: a step with zero gradients), which are then cleared. */
+  optimStep(hp: AdamParams): Record<string, number> {
+    const params = parameters(this.adapter);
+    const grads = this.grads ?? new Map();
+    const metrics = adamwStep(params, grads, this.optimizer, hp);
+    this.grads = null;
+    return metrics;
+  }
+
+  /** A fresh adapter (B = 0) of the given rank; optimizer state and gradients are dropped. */
+  reset(rank: number, alpha: number): void {
+    this.adapter = freshAdapter(this.engine.sites, rank, alpha, this.seed);
+    this.optimizer = freshOptimizerState();
+    this.grads = null;
+  }
+
+  /** A copy of the adapter as it is now (what a publish hands to samplers). */
+  snapshot(): LoraAdapter {
+    return cloneAdapter(this.adapter);
+  }
+
+  samplerFiles(): CheckpointFile[] {
+    return adapterFiles(this.adapter, this.engine.sites, this.engine.modelName);
+  }
+
+  stateFiles(): CheckpointFile[] {
+    return stateFiles(this.adapter, this.optimizer, this.engine.sites, this.engine.modelName);
+  }
+
+  /** Restores adapter weights (and, with `withOptimizer`, moments and step) from checkpoint files. */
+  load(files: Map<string, Uint8Array>, withOptimizer: boolean): void {
+    const adapter = readAdapter(files, this.engine.sites, this.engine.modelName);
+    const optimizer = withOptimizer ? readOptimizer(files) : freshOptimizerState();
+    if (withOptimizer) {
+      for (const [name, p] of parameters(adapter)) {
+        const m = optimizer.m.get(name);
+        if (m && m.length !== p.length) throw new CheckpointLoadError(`optimizer state for ${name} does not fit the adapter`);
+      }
+    }
+    this.adapter = adapter;
+    this.optimizer = optimizer;
+    this.grads = null;
+  }
+
+  private accumulate(grads: Map<string, Float32Array>): void {
+    if (!this.grads) {
+      this.grads = grads;
+      return;
+    }
+    for (const [k, g] of grads) {
+      const acc = this.grads.get(k)!;
+      for (let i = 0; i < g.length; i++) acc[i]! += g[i]!;
+    }
+  }
+
+  private mask(logprobs: Float32Array[], lossData: { targetValid: Uint8Array }[]): Float32Array[] {
+    return logprobs.map((lp, i) => {
+      const counted = lossData[i]!.targetValid;
+      for (let t = 0; t < lp.length; t++) if (!counted[t]) lp[t] = 0;
+      return lp;
+    });
+  }
+
+  /** Resolves targets (explicit or next-token) and checks every id and per-position tensor. */
+  private prepare(data: TrainingDatum[], loss: LossName): { seqs: ScoredSequence[]; lossData: (LossDatum & { targetValid: Uint8Array })[] } {
+    const vocab = this.engine.dims.vocab;
+    const seqs: ScoredSequence[] = [];
+    const lossData: (LossDatum & { targetValid: Uint8Array })[] = [];
+    data.forEach((d, i) => {
+      const T = d.tokens.length;
+      if (T === 0) throw new LossInputError(`data[${i}].model_input`, `data[${i}] has no tokens.`);
+      d.tokens.forEach((tok, t) => {
+        if (!Number.isInteger(tok) || tok < 0 || tok >= vocab) throw new LossInputError(`data[${i}].model_input`, `data[${i}] token ${tok} at position ${t} is outside the vocabulary (0..${vocab - 1}).`);
+      });
+      const targets = new Array<number>(T);
+      const valid = new Uint8Array(T);
+      for (let t = 0; t < T; t++) {
+        const target = d.targetTokens ? d.targetTokens[t]! : t + 1 < T ? d.tokens[t + 1]! : IGNORE_TARGET;
+        if (target !== IGNORE_TARGET && (!Number.isInteger(target) || target < 0 || target >= vocab)) {
+          throw new LossInputError(`data[${i}].loss_fn_inputs.target_tokens`, `data[${i}] target ${target} at position ${t} is outside the vocabulary (0..${vocab - 1}); use -100 for positions that do not count.`);
+        }
+        valid[t] = target === IGNORE_TARGET ? 0 : 1;
+        targets[t] = target === IGNORE_TARGET ? 0 : target;
+      }
+      if (isRatioLoss(loss) && (!d.logprobs || !d.advantages)) {
+        throw new LossInputError(`data[${i}].loss_fn_inputs`, `loss_fn '${loss}' needs loss_fn_inputs.logprobs (the sampler's logprobs) and loss_fn_inputs.advantages in data[${i}].`);
+      }
+      const counted = Uint8Array.from(valid, (v, t) => (v && (d.weights?.[t] ?? 1) !== 0 ? 1 : 0));
+      seqs.push({ tokens: d.tokens, targets });
+      lossData.push({ counted, targetValid: valid, weights: d.weights, samplerLogprobs: d.logprobs, advantages: d.advantages });
+    });
+    return { seqs, lossData };
+  }
+}
