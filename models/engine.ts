@@ -36,6 +36,26 @@ export interface DecodeState {
 
 const NEG_INF = -1e9;
 
+/** `--device cuda` on a machine whose onnxruntime-node has no CUDA execution provider. */
+export class DeviceUnavailableError extends Error {
+  constructor(cause: unknown) {
+    super(
+      'The CUDA execution provider is not available to onnxruntime-node here: its CUDA binaries are not installed ' +
+      '(this project\'s .npmrc skips their download, and they need CUDA 12 and cuDNN on the machine). On a machine that has them, run ' +
+      '`ONNXRUNTIME_NODE_INSTALL=cuda12 node node_modules/onnxruntime-node/script/install.js`, or use --device cpu. ' +
+      `(onnxruntime said: ${String((cause as Error)?.message ?? cause).split('\n')[0]})`,
+    );
+    this.name = 'DeviceUnavailableError';
+  }
+}
+
+/** Checks that a device can run graphs, with a tiny model; throws DeviceUnavailableError if not. */
+export async function probeDevice(device: Device): Promise<void> {
+  if (device === 'cpu') return;
+  const engine = new ModelEngine('device-probe', 8, { device, dims: { dModel: 8, heads: 2, ffn: 8, layers: 1 } });
+  await engine.warm(['forward']);
+}
+
 /**
  * One base model's compute: its weights, and one onnxruntime session per
  * graph kind, shared by every run on that base model. Each run's LoRA
@@ -169,6 +189,11 @@ export class ModelEngine {
         interOpNumThreads: 1,
         executionMode: 'sequential',
         graphOptimizationLevel: 'all',
+        // A missing CUDA provider is reported by DeviceUnavailableError below, not by onnxruntime's own log.
+        ...(this.options.device === 'cuda' ? { logSeverityLevel: 4 as const } : {}),
+      }).catch((err: unknown) => {
+        this.sessions.delete(kind);
+        throw this.options.device === 'cuda' ? new DeviceUnavailableError(err) : err;
       });
       this.sessions.set(kind, s);
     }

@@ -71,6 +71,11 @@ export class LoraTrainer {
     return { loss: result.loss, logprobs, metrics: result.metrics };
   }
 
+  /** The gradients accumulated since the last optimizer step (null when none). */
+  accumulatedGradients(): ReadonlyMap<string, Float32Array> | null {
+    return this.grads;
+  }
+
   /** One AdamW step over the accumulated gradients (none accumulated: a step with zero gradients), which are then cleared. */
   optimStep(hp: AdamParams): Record<string, number> {
     const params = parameters(this.adapter);
