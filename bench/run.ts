@@ -1,7 +1,9 @@
 import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { benchControlPlane } from './control-plane.js';
+import { benchEngine } from './engine.js';
 
 /** `npm run bench`: prints every figure the issues set targets for. */
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 await benchControlPlane(root);
+await benchEngine();

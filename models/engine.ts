@@ -19,6 +19,8 @@ export interface EngineOptions {
 export interface ScoredSequence {
   tokens: number[];
   targets: number[];
+  /** Positions whose logprob is wanted (default: all). Others come back 0 and cost no unembedding. */
+  scored?: number[];
 }
 
 export interface BackwardResult {
@@ -35,6 +37,10 @@ export interface DecodeState {
 }
 
 const NEG_INF = -1e9;
+
+// onnxruntime's own log goes to stderr; every failure it reports also reaches us as an exception, which we
+// turn into a clear message, so its log would only repeat it (e.g. three lines for a missing CUDA provider).
+ort.env.logLevel = 'fatal';
 
 /** `--device cuda` on a machine whose onnxruntime-node has no CUDA execution provider. */
 export class DeviceUnavailableError extends Error {
@@ -98,7 +104,7 @@ export class ModelEngine {
   async topk(seqs: ScoredSequence[], adapter: LoraAdapter, k: number): Promise<{ logprobs: Float32Array[]; top: { ids: number[]; logprobs: number[] }[][] }> {
     const logprobs: Float32Array[] = [];
     const top: { ids: number[]; logprobs: number[] }[][] = [];
-    for (const chunk of this.chunks(seqs)) {
+    for (const chunk of this.chunks(seqs.map((s) => ({ ...s, scored: undefined })))) {
       const T = Math.max(...chunk.map((s) => s.tokens.length));
       const feeds = { ...this.sequenceFeeds(chunk), ...this.loraFeeds(adapter), k: new ort.Tensor('int64', BigInt64Array.from([BigInt(k)]), [1]) };
       const result = await this.run('topk', feeds, ['logprobs', 'topk_values', 'topk_indices']);
@@ -120,11 +126,11 @@ export class ModelEngine {
     const gradNames = this.sites.flatMap((s) => [`grad.${s.key}.A`, `grad.${s.key}.B`]);
     let start = 0;
     for (const chunk of this.chunks(seqs)) {
-      const T = Math.max(...chunk.map((s) => s.tokens.length));
-      const c = new Float32Array(chunk.length * T);
-      chunk.forEach((_, b) => c.set(cotangents[start + b]!, b * T));
+      const S = Math.max(...chunk.map(scoredCount));
+      const c = new Float32Array(chunk.length * S);
+      chunk.forEach((seq, b) => positionsOf(seq).forEach((t, k) => { c[b * S + k] = cotangents[start + b]![t]!; }));
       start += chunk.length;
-      const feeds = { ...this.sequenceFeeds(chunk), ...this.loraFeeds(adapter), cotangent: new ort.Tensor('float32', c, [chunk.length, T]) };
+      const feeds = { ...this.sequenceFeeds(chunk), ...this.loraFeeds(adapter), cotangent: new ort.Tensor('float32', c, [chunk.length, S]) };
       const result = await this.run('backward', feeds, ['logprobs', ...gradNames]);
       logprobs.push(...this.unpad(result.logprobs!, chunk));
       for (const name of gradNames) {
@@ -231,17 +237,23 @@ export class ModelEngine {
   private sequenceFeeds(chunk: ScoredSequence[]): Record<string, ort.Tensor> {
     const B = chunk.length;
     const T = Math.max(...chunk.map((s) => s.tokens.length));
+    const S = Math.max(...chunk.map(scoredCount));
+    const d = this.dims.dModel;
     const tokens = new BigInt64Array(B * T);
-    const targets = new BigInt64Array(B * T);
+    const targets = new BigInt64Array(B * S);
+    // Unused score slots point at position 0 with target 0; their cotangent is 0.
+    const scoreIndex = new BigInt64Array(B * S * d);
     chunk.forEach((s, b) => {
-      for (let t = 0; t < s.tokens.length; t++) {
-        tokens[b * T + t] = BigInt(s.tokens[t]!);
-        targets[b * T + t] = BigInt(s.targets[t]!);
-      }
+      for (let t = 0; t < s.tokens.length; t++) tokens[b * T + t] = BigInt(s.tokens[t]!);
+      positionsOf(s).forEach((t, k) => {
+        targets[b * S + k] = BigInt(s.targets[t]!);
+        scoreIndex.fill(BigInt(t), (b * S + k) * d, (b * S + k + 1) * d);
+      });
     });
     return {
       tokens: new ort.Tensor('int64', tokens, [B, T]),
-      targets: new ort.Tensor('int64', targets, [B, T]),
+      targets: new ort.Tensor('int64', targets, [B, S]),
+      score_index: new ort.Tensor('int64', scoreIndex, [B, S, d]),
       attn_bias: new ort.Tensor('float32', causalBias(B, T, 0, chunk.map((s) => s.tokens.length)), [B, 1, T, T]),
       ...this.ropeFeeds(B, T, 0),
     };
@@ -278,10 +290,24 @@ export class ModelEngine {
     return feeds;
   }
 
+  /** Per sequence, a full-length array: each scored position's logprob, 0 elsewhere. */
   private unpad(flat: Float32Array, chunk: ScoredSequence[]): Float32Array[] {
-    const T = Math.max(...chunk.map((s) => s.tokens.length));
-    return chunk.map((s, b) => flat.slice(b * T, b * T + s.tokens.length));
+    const S = Math.max(...chunk.map(scoredCount));
+    return chunk.map((s, b) => {
+      const out = new Float32Array(s.tokens.length);
+      positionsOf(s).forEach((t, k) => { out[t] = flat[b * S + k]!; });
+      return out;
+    });
   }
+}
+
+function positionsOf(s: ScoredSequence): number[] {
+  return s.scored ?? s.tokens.map((_, t) => t);
+}
+
+function scoredCount(s: ScoredSequence): number {
+  // At least one slot per row, so every tensor keeps a non-empty shape.
+  return Math.max(1, s.scored?.length ?? s.tokens.length);
 }
 
 /** Additive attention bias: query i sees keys 0..P+i that lie within its row's length. */

@@ -71,91 +71,94 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
   return seqs;
 }
 
-/** Picks the next token from one row of logits; returns it with its logprob. */
+/**
+ * Picks the next token from one row of logits; returns it with its logprob.
+ * One pass computes e_v = exp((l_v - max)/T) and their sum; the logprob of v
+ * is log(e_v / sum). Truncation and the draw reuse e_v.
+ */
 export function chooseToken(logits: Float32Array, params: SamplingParams, rng: Prng, scratch = new Float64Array(logits.length)): [number, number] {
+  const V = logits.length;
   const greedy = params.temperature === 0;
   const invT = greedy ? 1 : 1 / params.temperature;
-  // Log-softmax of logits/T, in float64.
   let max = -Infinity;
-  for (let v = 0; v < logits.length; v++) if (logits[v]! > max) max = logits[v]!;
+  let argmax = 0;
+  for (let v = 0; v < V; v++) if (logits[v]! > max) { max = logits[v]!; argmax = v; }
   let sum = 0;
-  for (let v = 0; v < logits.length; v++) {
-    scratch[v] = (logits[v]! - max) * invT;
-    sum += Math.exp(scratch[v]!);
+  for (let v = 0; v < V; v++) sum += scratch[v] = Math.exp((logits[v]! - max) * invT);
+  const logprob = (v: number) => Math.log(scratch[v]! / sum);
+  if (greedy) return [argmax, logprob(argmax)];
+  if (params.top_k > 0 && params.top_k < V) {
+    const kept = topKIndices(logits, params.top_k).sort((a, b) => scratch[b]! - scratch[a]! || a - b);
+    return draw(kept, scratch, params.top_p, rng, logprob);
   }
-  const lse = Math.log(sum);
-  for (let v = 0; v < logits.length; v++) scratch[v] = scratch[v]! - lse;
-  if (greedy) {
-    let best = 0;
-    for (let v = 1; v < logits.length; v++) if (scratch[v]! > scratch[best]!) best = v;
-    return [best, scratch[best]!];
+  if (params.top_p >= 1) {
+    let u = rng.next() * sum;
+    for (let v = 0; v < V; v++) if ((u -= scratch[v]!) < 0) return [v, logprob(v)];
+    return [argmax, logprob(argmax)];
   }
-  const candidates = truncate(scratch, params.top_k, params.top_p);
+  const v = drawNucleus(logits, max, invT, scratch, sum, params.top_p, rng);
+  return [v, logprob(v)];
+}
+
+/** Draws from candidates (most likely first when `topP` < 1 is applied here) in proportion to their weights. */
+function draw(candidates: number[], weight: Float64Array, topP: number, rng: Prng, logprob: (v: number) => number): [number, number] {
+  let kept = candidates;
+  if (topP < 1) {
+    const total = candidates.reduce((s, v) => s + weight[v]!, 0);
+    let acc = 0;
+    const cut = candidates.findIndex((v) => (acc += weight[v]!) >= topP * total);
+    kept = candidates.slice(0, cut + 1);
+  }
   let mass = 0;
-  for (const v of candidates) mass += Math.exp(scratch[v]!);
+  for (const v of kept) mass += weight[v]!;
   let u = rng.next() * mass;
-  for (const v of candidates) {
-    u -= Math.exp(scratch[v]!);
-    if (u < 0) return [v, scratch[v]!];
-  }
-  const last = candidates[candidates.length - 1]!;
-  return [last, scratch[last]!];
+  for (const v of kept) if ((u -= weight[v]!) < 0) return [v, logprob(v)];
+  const last = kept[kept.length - 1]!;
+  return [last, logprob(last)];
 }
 
 /**
- * The tokens left after top-k and top-p. Top-p needs the
- * smallest set whose mass reaches p; rather than sort the whole vocabulary,
- * tokens are bucketed by logprob and only the bucket where the mass crosses
- * p is sorted.
+ * Draws from the smallest set of most likely tokens whose mass reaches
+ * `topP`, without sorting the vocabulary: tokens are bucketed by how far
+ * their scaled logit lies below the maximum (1/64 nat per bucket), whole
+ * buckets are taken from the top, and only the bucket where the mass
+ * crosses `topP` is sorted. The draw scans tokens in index order.
  */
-function truncate(logp: Float64Array, topK: number, topP: number): number[] {
-  const V = logp.length;
-  const byProb = (a: number, b: number) => logp[b]! - logp[a]! || a - b;
-  if (topK > 0 && topK < V) {
-    const kept = topKIndices(logp, topK).sort(byProb);
-    if (topP >= 1) return kept;
-    const mass = kept.reduce((s, v) => s + Math.exp(logp[v]!), 0);
-    const out: number[] = [];
-    let acc = 0;
-    for (const v of kept) {
-      out.push(v);
-      acc += Math.exp(logp[v]!);
-      if (acc >= topP * mass) break;
-    }
-    return out;
-  }
-  if (topP >= 1) return Array.from({ length: V }, (_, v) => v);
+function drawNucleus(logits: Float32Array, max: number, invT: number, weight: Float64Array, sum: number, topP: number, rng: Prng): number {
   const PER_NAT = 64;
-  const BUCKETS = 64 * 40;
-  let top = -Infinity;
-  for (let v = 0; v < V; v++) if (logp[v]! > top) top = logp[v]!;
-  const bucketOf = (v: number) => Math.min(BUCKETS - 1, Math.floor((top - logp[v]!) * PER_NAT));
+  const BUCKETS = PER_NAT * 40;
+  const V = logits.length;
+  const bucket = new Uint16Array(V);
   const mass = new Float64Array(BUCKETS);
-  for (let v = 0; v < V; v++) mass[bucketOf(v)]! += Math.exp(logp[v]!);
-  let acc = 0;
-  let crossing = 0;
-  for (; crossing < BUCKETS - 1; crossing++) {
-    if (acc + mass[crossing]! >= topP) break;
-    acc += mass[crossing]!;
-  }
-  const inside: number[] = [];
-  const edge: number[] = [];
   for (let v = 0; v < V; v++) {
-    const b = bucketOf(v);
-    if (b < crossing) inside.push(v);
-    else if (b === crossing) edge.push(v);
+    const b = Math.min(BUCKETS - 1, Math.floor((max - logits[v]!) * invT * PER_NAT));
+    bucket[v] = b;
+    mass[b]! += weight[v]!;
   }
-  edge.sort(byProb);
+  const target = topP * sum;
+  let kept = 0;
+  let crossing = 0;
+  for (; crossing < BUCKETS - 1 && kept + mass[crossing]! < target; crossing++) kept += mass[crossing]!;
+  const edge: number[] = [];
+  for (let v = 0; v < V; v++) if (bucket[v] === crossing) edge.push(v);
+  edge.sort((a, b) => weight[b]! - weight[a]! || a - b);
+  const inEdge = new Set<number>();
   for (const v of edge) {
-    inside.push(v);
-    acc += Math.exp(logp[v]!);
-    if (acc >= topP) break;
+    inEdge.add(v);
+    if ((kept += weight[v]!) >= target) break;
   }
-  // Index order, not probability order: sampling needs a fixed order, and sorting 10⁵ tokens per step is slow.
-  return inside;
+  let u = rng.next() * kept;
+  let last = edge[0] ?? 0;
+  for (let v = 0; v < V; v++) {
+    if (bucket[v]! < crossing || (bucket[v] === crossing && inEdge.has(v))) {
+      last = v;
+      if ((u -= weight[v]!) < 0) return v;
+    }
+  }
+  return last;
 }
 
-function topKIndices(logp: Float64Array, k: number): number[] {
+function topKIndices(logp: Float32Array, k: number): number[] {
   // A min-heap of size k over the vocabulary.
   const heap: number[] = [];
   const less = (a: number, b: number) => logp[a]! < logp[b]! || (logp[a] === logp[b] && a > b);

@@ -44,7 +44,7 @@ export class Tokenizers {
   constructor(private readonly overrides: Map<string, string> = new Map(), private readonly hfCache: string | null = defaultHfCache()) {
     for (const [model, path] of overrides) {
       const file = existsSync(join(path, 'tokenizer.json')) ? join(path, 'tokenizer.json') : path;
-      if (!existsSync(file)) throw new Error(`--tokenizer ${model}=${path}: no such file`);
+      if (!existsSync(file)) throw new Error(`--tokenizer ${model}=${path}: no such file (give a tokenizer.json or the folder holding one)`);
       this.overrides.set(model, file);
     }
   }
@@ -77,7 +77,14 @@ export class Tokenizers {
 }
 
 function load(tokenizerPath: string, configPath: string | null, source: string): LoadedTokenizer {
-  const json = JSON.parse(readFileSync(tokenizerPath, 'utf8')) as { model: { vocab: Record<string, number> | [string, number][] }; added_tokens?: { id: number; content: string }[] };
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(readFileSync(tokenizerPath, 'utf8'));
+  } catch (err) {
+    throw new Error(`${tokenizerPath} is not a readable tokenizer.json: ${(err as Error).message}`);
+  }
+  if (!(parsed as { model?: { vocab?: unknown } })?.model?.vocab) throw new Error(`${tokenizerPath} is not a Hugging Face tokenizer.json: it has no model.vocab`);
+  const json = parsed as { model: { vocab: Record<string, number> | [string, number][] }; added_tokens?: { id: number; content: string }[] };
   const config = configPath ? (JSON.parse(readFileSync(configPath, 'utf8')) as Record<string, unknown>) : {};
   const tokenizer = new Tokenizer(json as never, config as never);
   const vocabIds = Array.isArray(json.model.vocab) ? json.model.vocab.map((_, i) => i) : Object.values(json.model.vocab);

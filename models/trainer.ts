@@ -164,7 +164,7 @@ export class LoraTrainer {
         throw new LossInputError(`data[${i}].loss_fn_inputs`, `loss_fn '${loss}' needs loss_fn_inputs.logprobs (the sampler's logprobs) and loss_fn_inputs.advantages in data[${i}].`);
       }
       const counted = Uint8Array.from(valid, (v, t) => (v && (d.weights?.[t] ?? 1) !== 0 ? 1 : 0));
-      seqs.push({ tokens: d.tokens, targets });
+      seqs.push({ tokens: d.tokens, targets, scored: [...valid.keys()].filter((t) => valid[t]) });
       lossData.push({ counted, targetValid: valid, weights: d.weights, samplerLogprobs: d.logprobs, advantages: d.advantages });
     });
     return { seqs, lossData };

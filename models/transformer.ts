@@ -105,10 +105,10 @@ export function buildGraph(kind: GraphKind, dims: ModelDims): BuiltGraph {
   }
 
   const W = (name: string) => base.get(name)!;
-  /** x·W + scale·(x·A)·B: the base projection plus its LoRA update. */
+  /** x·W + (scale·x·A)·B: the base projection plus its LoRA update (scaled at rank width, not output width). */
   const proj = (x: Sym, key: string, weight: Sym) => {
     const { A, B } = lora.get(key)!;
-    return g.add(g.matmul(x, weight), g.mul(g.matmul(g.matmul(x, A), B), scale));
+    return g.add(g.matmul(x, weight), g.matmul(g.mul(g.matmul(x, A), scale), B));
   };
   const rmsnorm = (x: Sym, weight: Sym) => g.mul(g.div(x, g.sqrt(g.add(g.reduceMean(g.mul(x, x), [-1]), g.scalar(NORM_EPS)))), weight);
   // rotate_half as a constant matrix: x·R = concat(-x₂, x₁), so rotary needs no slicing.
@@ -145,16 +145,19 @@ export function buildGraph(kind: GraphKind, dims: ModelDims): BuiltGraph {
     x = g.add(x, proj(g.mul(g.mul(gate, g.sigmoid(gate)), up), `${p}.down_proj`, W(`${p}.down_proj`)));
   }
   const final = rmsnorm(x, W('final_norm'));
-  const logits = proj(final, 'lm_head', W('embed_t'));
 
   if (decode) {
+    const logits = proj(final, 'lm_head', W('embed_t'));
     g.output(g.gather(logits, g.constI([-1], []), 1), 'logits');
     presents.forEach((s, i) => g.output(s, `present_${i % 2 === 0 ? 'k' : 'v'}.${Math.floor(i / 2)}`));
   } else {
-    const targets = g.input('targets', 'int64', ['B', 'T']);
+    // Only the scored positions (those with a target that counts) reach the unembedding: with prompts
+    // masked out, that is most of the cost of a vocabulary-sized output saved.
+    const scored = g.gatherElements(final, g.input('score_index', 'int64', ['B', 'S', d]), 1);
+    const logits = proj(scored, 'lm_head', W('embed_t'));
+    const targets = g.input('targets', 'int64', ['B', 'S']);
     const all = g.logSoftmax(logits);
-    const picked = g.gatherElements(all, g.unsqueeze(targets, [2]), 2);
-    const logprobs = g.reshape(picked, [0, 0], ['B', 'T']);
+    const logprobs = g.reshape(g.gatherElements(all, g.unsqueeze(targets, [2]), 2), [0, 0], ['B', 'S']);
     g.output(logprobs, 'logprobs');
     if (kind === 'topk') {
       const [values, indices] = g.topk(all, g.input('k', 'int64', [1]));
@@ -162,7 +165,7 @@ export function buildGraph(kind: GraphKind, dims: ModelDims): BuiltGraph {
       g.output(indices, 'topk_indices');
     }
     if (kind === 'backward') {
-      const cotangent = g.input('cotangent', 'float32', ['B', 'T']);
+      const cotangent = g.input('cotangent', 'float32', ['B', 'S']);
       const wrt = [...lora.values()].flatMap(({ A, B }) => [A, B]);
       const grads = backprop(g, [[logprobs, cotangent]], wrt);
       for (const [site, { A, B }] of lora) {

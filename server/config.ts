@@ -24,6 +24,10 @@ export interface ServerOptions {
   samplerReplicas: number;
   /** Lifetime of presigned checkpoint-file URLs. */
   presignTtlSeconds: number;
+  /** Where the model engine computes: cpu, or cuda where onnxruntime-node has its CUDA provider. */
+  device: 'cpu' | 'cuda';
+  /** Model name → a tokenizer.json (or its folder) to use instead of the built-in one. */
+  tokenizers: Record<string, string>;
 }
 
 export const DEFAULTS: ServerOptions = {
@@ -36,6 +40,8 @@ export const DEFAULTS: ServerOptions = {
   deactivationMs: 0,
   samplerReplicas: 1,
   presignTtlSeconds: 3600,
+  device: 'cpu',
+  tokenizers: {},
 };
 
 export class ConfigError extends Error {}
@@ -84,6 +90,21 @@ export const FLAGS: Record<string, FlagSpec> = {
   'cold-start-ms': { help: 'time for a new trainer or sampler to become ready (default 0)', set: (o, v) => { o.coldStartMs = integer('cold-start-ms', 0, 86_400_000)(v); } },
   'deactivation-ms': { help: 'time a sampler stays DEACTIVATING (default 0)', set: (o, v) => { o.deactivationMs = integer('deactivation-ms', 0, 86_400_000)(v); } },
   'sampler-replicas': { help: 'replicas per sampler (default 1)', set: (o, v) => { o.samplerReplicas = integer('sampler-replicas', 1, 64)(v); } },
+  device: {
+    help: 'where the model engine computes: cpu (default) or cuda (needs onnxruntime-node\'s CUDA provider)',
+    set: (o, v) => { if (v !== 'cpu' && v !== 'cuda') throw new ConfigError(`--device must be cpu or cuda, got '${v}'`); o.device = v; },
+  },
+  tokenizer: {
+    help: 'NAME=PATH: use the tokenizer.json at PATH (a file or its folder) for base model NAME; repeatable',
+    repeatable: true,
+    set: (o, v) => {
+      for (const pair of v.split(',')) {
+        const eq = pair.indexOf('=');
+        if (eq <= 0 || eq === pair.length - 1) throw new ConfigError(`--tokenizer must be NAME=PATH, e.g. Qwen/Qwen3-8B=./tokenizer.json, got '${pair}'`);
+        o.tokenizers = { ...o.tokenizers, [pair.slice(0, eq)]: pair.slice(eq + 1) };
+      }
+    },
+  },
   'presign-ttl-s': { help: 'lifetime of checkpoint download URLs in seconds (default 3600)', set: (o, v) => { o.presignTtlSeconds = integer('presign-ttl-s', 1, 7 * 86400)(v); } },
 };
 
@@ -91,7 +112,7 @@ export const envName = (flag: string) => `LOOPS_MOCK_${flag.toUpperCase().replac
 
 /** Options from `LOOPS_MOCK_*` variables, then flags (flags win). Throws ConfigError with a one-line message. */
 export function parseOptions(argv: string[], env: NodeJS.ProcessEnv = {}): ServerOptions {
-  const options: ServerOptions = { ...DEFAULTS, apiKeys: [] };
+  const options: ServerOptions = { ...DEFAULTS, apiKeys: [], tokenizers: {} };
   for (const [flag, spec] of Object.entries(FLAGS)) {
     const value = env[envName(flag)];
     if (value !== undefined && value !== '') spec.set(options, value);

@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
-import { DEFAULTS, type ServerOptions } from './config.js';
+import { EnginePool, findBaseModel, probeDevice, Tokenizers } from '../models/index.js';
+import { ConfigError, DEFAULTS, type ServerOptions } from './config.js';
 import { LoopsCore } from './core/core.js';
 import type { Clock } from './core/clock.js';
 import { buildApp } from './http/app.js';
@@ -33,10 +34,37 @@ export interface RunningServer {
   close(): Promise<void>;
 }
 
+/**
+ * The engine pool, its tokenizer overrides and device checked up front, so a
+ * bad --tokenizer or an unusable --device fails the start, not a later request.
+ */
+async function prepareEngines(options: ServerOptions): Promise<EnginePool> {
+  const overrides = new Map<string, string>();
+  for (const [model, path] of Object.entries(options.tokenizers)) {
+    if (!findBaseModel(model)) throw new ConfigError(`--tokenizer ${model}=${path}: '${model}' is not a supported base model (see GET /v1/loops/capabilities)`);
+    overrides.set(model, path);
+  }
+  let tokenizers: Tokenizers;
+  try {
+    tokenizers = new Tokenizers(overrides);
+    for (const model of overrides.keys()) tokenizers.get(model);
+  } catch (err) {
+    throw new ConfigError(`${(err as Error).message}`);
+  }
+  try {
+    await probeDevice(options.device);
+  } catch (err) {
+    throw new ConfigError(`--device ${options.device}: ${(err as Error).message}`);
+  }
+  return new EnginePool(tokenizers, { device: options.device });
+}
+
 /** Starts a loops-mock server. Options are the CLI flags in camelCase; `port: 0` picks a free port. */
 export async function startServer(overrides: StartOptions = {}): Promise<RunningServer> {
-  const options: ServerOptions = { ...DEFAULTS, ...overrides, apiKeys: overrides.apiKeys ?? [] };
+  const options: ServerOptions = { ...DEFAULTS, ...overrides, apiKeys: overrides.apiKeys ?? [], tokenizers: overrides.tokenizers ?? {} };
+  const engines = await prepareEngines(options);
   const core = new LoopsCore({
+    engines,
     dataDir: options.dataDir,
     apiKeys: options.apiKeys,
     clock: overrides.clock,

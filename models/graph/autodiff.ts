@@ -5,7 +5,14 @@ import type { GraphBuilder, GraphNode, Sym } from './builder.js';
  * gradient of its output and the builder, and returns the gradient of each
  * input (null where none flows). New nodes are appended to the same graph.
  */
-type Rule = (g: GraphBuilder, node: GraphNode, dy: Sym, need: boolean[]) => (Sym | null)[];
+type Rule = (g: GraphBuilder, node: GraphNode, dy: Sym, need: boolean[]) => Grad[];
+
+/**
+ * A gradient, or a function that folds itself into the gradient already
+ * accumulated for that input (a sparse scatter adds into it in place
+ * instead of materialising zeros and adding).
+ */
+type Grad = Sym | ((prior: Sym | undefined) => Sym) | null;
 
 /** Builds a gradient only when that input needs one, so no dead nodes enter the graph. */
 const when = (needed: boolean | undefined, build: () => Sym): Sym | null => (needed ? build() : null);
@@ -47,7 +54,9 @@ export const RULES: Record<string, Rule> = {
   LogSoftmax: (g, n, dy) => [g.sub(dy, g.mul(g.exp(out(n)), g.reduceSum(dy, [-1])))],
   // y = softmax(x): dx = y·(dy - Σ dy·y)
   Softmax: (g, n, dy) => [g.mul(out(n), g.sub(dy, g.reduceSum(g.mul(dy, out(n)), [-1])))],
-  GatherElements: (g, n, dy) => [g.scatterElements(g.zerosLike(input(n, x0)), input(n, x1), dy, n.attrs.axis as number), null],
+  // Picks are sparse: scatter-add them into the gradient already there, or into zeros. (Add, not
+  // overwrite: an index may repeat, and each pick contributes.)
+  GatherElements: (g, n, dy) => [(prior) => g.scatterElements(prior ?? g.zerosLike(input(n, x0)), input(n, x1), dy, n.attrs.axis as number, 'add'), null],
 };
 
 /** Gradients of `sum(seed_i · y_i)` with respect to `wrt`, appended to the graph. */
@@ -58,9 +67,9 @@ export function backprop(g: GraphBuilder, seeds: [y: Sym, dy: Sym][], wrt: Sym[]
   for (const node of tape) if (node.inputs.some((s) => needs.has(s.id))) for (const o of node.outputs) needs.add(o.id);
 
   const grads = new Map<number, Sym>();
-  const accumulate = (s: Sym, dx: Sym) => {
+  const accumulate = (s: Sym, dx: Exclude<Grad, null>) => {
     const prior = grads.get(s.id);
-    grads.set(s.id, prior ? g.add(prior, dx) : dx);
+    grads.set(s.id, typeof dx === 'function' ? dx(prior) : prior ? g.add(prior, dx) : dx);
   };
   for (const [y, dy] of seeds) accumulate(y, dy);
 

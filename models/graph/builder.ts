@@ -21,8 +21,11 @@ export interface GraphNode {
   op: string;
   inputs: Sym[];
   outputs: Sym[];
-  attrs: Record<string, number | number[]>;
+  attrs: Record<string, Attr>;
 }
+
+/** Node attributes: ints, int lists, or strings. */
+export type Attr = number | number[] | string;
 
 const ELEM_TYPE: Record<DType, number> = { float32: 1, int64: 7 };
 
@@ -71,7 +74,7 @@ export class GraphBuilder {
   }
 
   /** Records a node with one output of the given shape. */
-  node(op: string, inputs: Sym[], shape: Dim[], dtype: DType = inputs[0]!.dtype, attrs: Record<string, number | number[]> = {}): Sym {
+  node(op: string, inputs: Sym[], shape: Dim[], dtype: DType = inputs[0]!.dtype, attrs: Record<string, Attr> = {}): Sym {
     const out = this.sym(shape, dtype);
     this.nodes.push({ op, inputs, outputs: [out], attrs });
     return out;
@@ -154,8 +157,9 @@ export class GraphBuilder {
     return this.node('GatherElements', [x, indices], indices.shape, x.dtype, { axis });
   }
 
-  scatterElements(into: Sym, indices: Sym, updates: Sym, axis: number): Sym {
-    return this.node('ScatterElements', [into, indices, updates], into.shape, into.dtype, { axis });
+  /** A copy of `into` with `updates` written (or, with reduction 'add', added) at `indices` along `axis`. */
+  scatterElements(into: Sym, indices: Sym, updates: Sym, axis: number, reduction: 'none' | 'add' = 'none'): Sym {
+    return this.node('ScatterElements', [into, indices, updates], into.shape, into.dtype, { axis, reduction });
   }
 
   /** The k largest values along the last axis and their indices (k: an int64 [1] tensor). */
@@ -185,8 +189,9 @@ export class GraphBuilder {
       name: s.name,
       type: { tensorType: { elemType: ELEM_TYPE[s.dtype], shape: { dim: s.shape.map((d) => (typeof d === 'number' ? { dimValue: d } : { dimParam: d })) } } },
     });
-    const attribute = (name: string, v: number | number[]) =>
-      Array.isArray(v) ? onnx.AttributeProto.create({ name, type: 7, ints: v }) : onnx.AttributeProto.create({ name, type: 2, i: v });
+    const attribute = (name: string, v: Attr) =>
+      typeof v === 'string' ? onnx.AttributeProto.create({ name, type: 3, s: Buffer.from(v) })
+        : Array.isArray(v) ? onnx.AttributeProto.create({ name, type: 7, ints: v }) : onnx.AttributeProto.create({ name, type: 2, i: v });
     const graph = onnx.GraphProto.create({
       name: this.name,
       node: this.nodes.map((n, i) => onnx.NodeProto.create({

@@ -1,3 +1,4 @@
+import { EnginePool } from '../../models/index.js';
 import { Accounts, type ApiKeySpec } from './accounts.js';
 import { Checkpoints } from './checkpoints.js';
 import { RealClock, type Clock } from './clock.js';
@@ -18,6 +19,8 @@ export interface CoreOptions {
   samplerReplicas?: number;
   /** How long a presigned checkpoint-file URL stays valid. */
   presignTtlMs?: number;
+  /** The model engines' compute: built lazily, one per base model, on first training or sampling. */
+  engines?: EnginePool;
 }
 
 /**
@@ -33,6 +36,7 @@ export class LoopsCore {
   readonly checkpoints: Checkpoints;
   readonly fleet: Fleet;
   readonly userConfigs: UserConfigs;
+  readonly engines: EnginePool;
   private closed = false;
 
   constructor(options: CoreOptions = {}) {
@@ -48,6 +52,7 @@ export class LoopsCore {
       samplerReplicas: options.samplerReplicas ?? 1,
     });
     this.userConfigs = new UserConfigs(this.store);
+    this.engines = options.engines ?? new EnginePool();
   }
 
   get isClosed(): boolean {

@@ -107,6 +107,11 @@ describe('the loops-mock command', () => {
       [['--log-level', 'loud'], '--log-level must be one of'],
       [['--api-key', 'k::team'], '--api-key must be KEY'],
       [['launch'], "unknown command 'launch'"],
+      [['--device', 'tpu'], '--device must be cpu or cuda'],
+      [['--device', 'cuda'], 'CUDA execution provider is not available'],
+      [['--tokenizer', 'Qwen/Qwen3-8B=/no/such/tokenizer.json'], 'no such file'],
+      [['--tokenizer', 'acme/Model-1=./x.json'], "'acme/Model-1' is not a supported base model"],
+      [['--tokenizer', 'just-a-path.json'], '--tokenizer must be NAME=PATH'],
     ] as [string[], string][]) {
       const cli = runCli(args);
       const { code, stderr } = await cli.exit;

@@ -1,0 +1,98 @@
+import { availableParallelism } from 'node:os';
+import * as ort from 'onnxruntime-node';
+import { GraphBuilder } from '../models/graph/builder.js';
+import { ADAM_DEFAULTS, EnginePool, LoraTrainer, parameters, sampleSequences, SAMPLING_DEFAULTS, type TrainingDatum } from '../models/index.js';
+import { datum, EVAL_TICKETS, prompt, TICKETS } from '../models/test/support-tickets.js';
+
+/** Engine figures: training and sampling throughput, adapter memory, and the matmul ceiling. */
+const MODEL = 'Qwen/Qwen3.5-2B';
+const mb = (bytes: number) => (bytes / 2 ** 20).toFixed(0);
+
+function randomData(batch: number, length: number, vocab: number): TrainingDatum[] {
+  let x = 12345;
+  const next = () => (x = (Math.imul(x, 1103515245) + 12345) >>> 0) % vocab;
+  return Array.from({ length: batch }, () => {
+    const tokens = Array.from({ length }, next);
+    return { tokens, targetTokens: null, weights: null, logprobs: null, advantages: null };
+  });
+}
+
+async function time<T>(fn: () => Promise<T>): Promise<[T, number]> {
+  const start = performance.now();
+  const result = await fn();
+  return [result, performance.now() - start];
+}
+
+export async function benchEngine(): Promise<void> {
+  const pool = new EnginePool();
+  const engine = pool.get(MODEL);
+  const tok = pool.tokenizers.get(MODEL);
+  const { vocab, dModel } = engine.dims;
+  const rank = 16;
+  console.log(`engine: ${MODEL} (vocab ${vocab}, d_model ${dModel}, ${engine.dims.layers} layers), LoRA rank ${rank}, CPU`);
+  const trainer = new LoraTrainer(engine, rank, 32, 1);
+  await trainer.forwardBackward(randomData(1, 16, vocab), 'cross_entropy', {}); // build sessions
+
+  // The ceiling: one plain MatMul of the unembedding's shape, [positions, d] × [d, vocab].
+  // The product is summed inside the graph so that only a scalar comes back to JavaScript.
+  const positions = 512;
+  const ceilingSession = await ort.InferenceSession.create(matmulModel(positions, dModel, vocab), { graphOptimizationLevel: 'all', intraOpNumThreads: availableParallelism() });
+  const h = new ort.Tensor('float32', new Float32Array(positions * dModel).fill(0.01), [positions, dModel]);
+  const w = new ort.Tensor('float32', new Float32Array(dModel * vocab).fill(0.01), [dModel, vocab]);
+  await ceilingSession.run({ h, w });
+  let bestMs = Infinity;
+  for (let i = 0; i < 5; i++) bestMs = Math.min(bestMs, (await time(() => ceilingSession.run({ h, w })))[1]);
+  const ceilingGflops = (2 * positions * dModel * vocab) / (bestMs / 1000) / 1e9;
+
+  for (const length of [128, 512]) {
+    const data = randomData(8, length, vocab);
+    await trainer.forwardBackward(data, 'cross_entropy', {});
+    const [, ms] = await time(() => trainer.forwardBackward(data, 'cross_entropy', {}));
+    const tokens = 8 * length;
+    // FLOPs of the step as the graph executes them; the unembedding dominates. Cross-entropy runs the backward graph
+    // alone: per position and vocabulary entry, the logits (d) and their LoRA (r), then dlogits·Wᵀ (d) and two LoRA products (2r).
+    const flops = 2 * tokens * vocab * (2 * dModel + 3 * rank);
+    const gflops = flops / (ms / 1000) / 1e9;
+    console.log(`  forward_backward, batch 8 x ${length}: ${(tokens / (ms / 1000)).toFixed(0)} tokens/s (${ms.toFixed(0)} ms), ${gflops.toFixed(1)} GFLOP/s`);
+    if (length === 512) console.log(`  matmul ceiling [${positions}x${dModel}]x[${dModel}x${vocab}]: ${ceilingGflops.toFixed(1)} GFLOP/s; training step / ceiling = ${(gflops / ceilingGflops).toFixed(2)} (target >= 0.5)`);
+  }
+
+  const p = tok.encode(prompt(TICKETS[0]![0]));
+  await sampleSequences(engine, trainer.adapter, p, 2, { ...SAMPLING_DEFAULTS, max_tokens: 2, seed: 1 }, { ...tok, eosTokenIds: [] });
+  const [samples, sampleMs] = await time(() => sampleSequences(engine, trainer.adapter, p, 16, { ...SAMPLING_DEFAULTS, max_tokens: 128, seed: 1 }, { ...tok, eosTokenIds: [] }));
+  const sampled = samples.reduce((s, x) => s + x.tokens.length, 0);
+  console.log(`  sampling 16 x 128 tokens (temperature 1): ${(sampled / (sampleMs / 1000)).toFixed(0)} tokens/s (${sampleMs.toFixed(0)} ms)`);
+
+  // The campaign round of the programmatic-training guide, engine time only.
+  const train = TICKETS.map(([t, l]) => datum(tok, t, l));
+  const evalSet = EVAL_TICKETS.map(([t, l]) => datum(tok, t, l));
+  const round = new LoraTrainer(engine, 16, 32, 42);
+  const [, roundMs] = await time(async () => {
+    await round.forward(evalSet, 'cross_entropy', {});
+    for (let epoch = 0; epoch < 2; epoch++) {
+      await round.forwardBackward(train, 'cross_entropy', {});
+      round.optimStep({ ...ADAM_DEFAULTS, learning_rate: 4e-5 });
+    }
+    await round.forward(evalSet, 'cross_entropy', {});
+    round.stateFiles();
+    round.samplerFiles();
+    for (const [t] of EVAL_TICKETS) await sampleSequences(engine, round.adapter, tok.encode(prompt(t)), 1, { ...SAMPLING_DEFAULTS, temperature: 0, max_tokens: 16, stop: ['\n'] }, tok);
+  });
+  console.log(`  campaign round (baseline forward, 2 steps, eval, save, 2 samples of 16 tokens): ${roundMs.toFixed(0)} ms engine time (target < 300 ms)`);
+
+  // Adapter memory: what each adapter holds (weights; a trainer adds gradients and two Adam moments).
+  const rssBefore = process.memoryUsage().rss;
+  const adapters = Array.from({ length: 20 }, (_, i) => new LoraTrainer(engine, rank, 32, i).snapshot());
+  const adapterBytes = [...parameters(adapters[0]!).values()].reduce((s, t) => s + t.byteLength, 0);
+  const rssAfter = process.memoryUsage().rss;
+  console.log(`  adapters, rank ${rank}: ${mb(adapterBytes)} MB each; resident memory ${mb(rssBefore)} MB with 1, ${mb(rssAfter)} MB with 20 (+${mb(rssAfter - rssBefore)} MB; target < 100 MB)`);
+}
+
+/** y = Σ h·w, built with the project's own graph builder. */
+const matmulModel = (m: number, k: number, n: number) => buildMatmul(m, k, n);
+
+function buildMatmul(m: number, k: number, n: number): Uint8Array {
+  const g = new GraphBuilder('matmul-ceiling');
+  g.output(g.reduceSum(g.matmul(g.input('h', 'float32', [m, k]), g.input('w', 'float32', [k, n])), [0, 1], false), 'y');
+  return g.toOnnx();
+}
