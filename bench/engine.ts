@@ -50,8 +50,9 @@ export async function benchEngine(): Promise<void> {
     const [, ms] = await time(() => trainer.forwardBackward(data, 'cross_entropy', {}));
     const tokens = 8 * length;
     // FLOPs of the step as the graph executes them; the unembedding dominates. Cross-entropy runs the backward graph
-    // alone: per position and vocabulary entry, the logits (d) and their LoRA (r), then dlogits·Wᵀ (d) and two LoRA products (2r).
-    const flops = 2 * tokens * vocab * (2 * dModel + 3 * rank);
+    // alone: per position and vocabulary entry, the logits x·W' (d), then dlogits·W'ᵀ (d) and xᵀ·dlogits (d), where
+    // W' = W + scale·A·B is the merged weight (its own products, d·r·vocab, are per step, not per position).
+    const flops = 2 * tokens * vocab * 3 * dModel + 2 * Math.ceil(tokens / 512) * 3 * dModel * rank * vocab;
     const gflops = flops / (ms / 1000) / 1e9;
     console.log(`  forward_backward, batch 8 x ${length}: ${(tokens / (ms / 1000)).toFixed(0)} tokens/s (${ms.toFixed(0)} ms), ${gflops.toFixed(1)} GFLOP/s`);
     if (length === 512) console.log(`  matmul ceiling [${positions}x${dModel}]x[${dModel}x${vocab}]: ${ceilingGflops.toFixed(1)} GFLOP/s; training step / ceiling = ${(gflops / ceilingGflops).toFixed(2)} (target >= 0.5)`);
@@ -66,8 +67,8 @@ export async function benchEngine(): Promise<void> {
   // The campaign round of the programmatic-training guide, engine time only.
   const train = TICKETS.map(([t, l]) => datum(tok, t, l));
   const evalSet = EVAL_TICKETS.map(([t, l]) => datum(tok, t, l));
-  const round = new LoraTrainer(engine, 16, 32, 42);
-  const [, roundMs] = await time(async () => {
+  const campaignRound = () => time(async () => {
+    const round = new LoraTrainer(engine, 16, 32, 42);
     await round.forward(evalSet, 'cross_entropy', {});
     for (let epoch = 0; epoch < 2; epoch++) {
       await round.forwardBackward(train, 'cross_entropy', {});
@@ -78,14 +79,20 @@ export async function benchEngine(): Promise<void> {
     round.samplerFiles();
     for (const [t] of EVAL_TICKETS) await sampleSequences(engine, round.adapter, tok.encode(prompt(t)), 1, { ...SAMPLING_DEFAULTS, temperature: 0, max_tokens: 16, stop: ['\n'] }, tok);
   });
-  console.log(`  campaign round (baseline forward, 2 steps, eval, save, 2 samples of 16 tokens): ${roundMs.toFixed(0)} ms engine time (target < 300 ms)`);
+  // The first round also builds the graphs its shapes need (start-up work); the second is the steady state.
+  const [, firstMs] = await campaignRound();
+  const [, roundMs] = await campaignRound();
+  console.log(`  campaign round (baseline forward, 2 steps, eval, save, 2 samples of 16 tokens): ${roundMs.toFixed(0)} ms engine time (first round ${firstMs.toFixed(0)} ms; target < 300 ms)`);
 
   // Adapter memory: what each adapter holds (weights; a trainer adds gradients and two Adam moments).
-  const rssBefore = process.memoryUsage().rss;
-  const adapters = Array.from({ length: 20 }, (_, i) => new LoraTrainer(engine, rank, 32, i).snapshot());
-  const adapterBytes = [...parameters(adapters[0]!).values()].reduce((s, t) => s + t.byteLength, 0);
-  const rssAfter = process.memoryUsage().rss;
-  console.log(`  adapters, rank ${rank}: ${mb(adapterBytes)} MB each; resident memory ${mb(rssBefore)} MB with 1, ${mb(rssAfter)} MB with 20 (+${mb(rssAfter - rssBefore)} MB; target < 100 MB)`);
+  for (const r of [8, rank]) {
+    const rssBefore = process.memoryUsage().rss;
+    const adapters = Array.from({ length: 19 }, (_, i) => new LoraTrainer(engine, r, 32, i).snapshot());
+    const adapterBytes = [...parameters(adapters[0]!).values()].reduce((s, t) => s + t.byteLength, 0);
+    const rssAfter = process.memoryUsage().rss;
+    console.log(`  20 adapters of rank ${r} on one base model: ${(adapterBytes / 2 ** 20).toFixed(1)} MB each; resident memory ${mb(rssBefore)} MB with 1, ${mb(rssAfter)} MB with 20 (+${mb(rssAfter - rssBefore)} MB; target < 100 MB)`);
+    adapters.length = 0;
+  }
 }
 
 /** y = Σ h·w, built with the project's own graph builder. */

@@ -37,6 +37,8 @@ export interface DecodeState {
 }
 
 const NEG_INF = -1e9;
+/** From this many scored positions in one run on, the merged unembedding is cheaper (about the model width). */
+const MERGE_FROM_POSITIONS = 64;
 
 // onnxruntime's own log goes to stderr; every failure it reports also reaches us as an exception, which we
 // turn into a clear message, so its log would only repeat it (e.g. three lines for a missing CUDA provider).
@@ -71,7 +73,7 @@ export class ModelEngine {
   readonly dims: ModelDims;
   readonly sites: LoraSite[];
   private readonly baseFeeds: Record<string, ort.Tensor> = {};
-  private readonly sessions = new Map<GraphKind, Promise<ort.InferenceSession>>();
+  private readonly sessions = new Map<string, Promise<ort.InferenceSession>>();
   private readonly maxPositions: number;
   private readonly headDim: number;
   /** Graph runs of one engine are serialised: onnxruntime sessions already use every core. */
@@ -184,10 +186,11 @@ export class ModelEngine {
     };
   }
 
-  private async session(kind: GraphKind): Promise<ort.InferenceSession> {
-    let s = this.sessions.get(kind);
+  private async session(kind: GraphKind, merged = false): Promise<ort.InferenceSession> {
+    const key = `${kind}${merged ? ':merged' : ''}`;
+    let s = this.sessions.get(key);
     if (!s) {
-      const { onnx } = buildGraph(kind, this.dims);
+      const { onnx } = buildGraph(kind, this.dims, { mergedUnembedding: merged });
       const threads = this.options.threads ?? availableParallelism();
       s = ort.InferenceSession.create(onnx, {
         executionProviders: [this.options.device === 'cuda' ? 'cuda' : 'cpu'],
@@ -198,18 +201,21 @@ export class ModelEngine {
         // A missing CUDA provider is reported by DeviceUnavailableError below, not by onnxruntime's own log.
         ...(this.options.device === 'cuda' ? { logSeverityLevel: 4 as const } : {}),
       }).catch((err: unknown) => {
-        this.sessions.delete(kind);
+        this.sessions.delete(key);
         throw this.options.device === 'cuda' ? new DeviceUnavailableError(err) : err;
       });
-      this.sessions.set(kind, s);
+      this.sessions.set(key, s);
     }
     return s;
   }
 
   private run(kind: GraphKind, feeds: Record<string, ort.Tensor>, outputs: string[]): Promise<Record<string, Float32Array>> {
     // (topk_indices comes back as a BigInt64Array; callers that read it say so.)
+    // Many scored positions: merge LoRA into the unembedding weight first (see GraphOptions).
+    const scored = feeds.targets?.dims.reduce((p, n) => p * n, 1) ?? 0;
+    const merged = kind !== 'decode' && scored >= MERGE_FROM_POSITIONS;
     const job = this.queue.then(async () => {
-      const session = await this.session(kind);
+      const session = await this.session(kind, merged);
       const result = await session.run({ ...feeds, ...this.baseFeeds }, outputs);
       return Object.fromEntries(outputs.map((n) => [n, result[n]!.data as Float32Array]));
     });

@@ -85,7 +85,15 @@ export interface BuiltGraph {
  * - decode: next-token logits of the last position, with a KV cache in and out;
  * - topk: the forward logprobs, and the k most likely tokens at every position (prompt top-k).
  */
-export function buildGraph(kind: GraphKind, dims: ModelDims): BuiltGraph {
+export interface GraphOptions {
+  /**
+   * Score through W + (scale·A)·B built once per run, rather than x·W + (scale·x·A)·B: fewer passes over
+   * [positions × vocab] for many positions, more work for few (the [d × vocab] sum). The engine picks per run.
+   */
+  mergedUnembedding?: boolean;
+}
+
+export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptions = {}): BuiltGraph {
   const g = new GraphBuilder(`loops-mock-${kind}`);
   const { dModel: d, heads } = dims;
   const hd = d / heads;
@@ -109,6 +117,11 @@ export function buildGraph(kind: GraphKind, dims: ModelDims): BuiltGraph {
   const proj = (x: Sym, key: string, weight: Sym) => {
     const { A, B } = lora.get(key)!;
     return g.add(g.matmul(x, weight), g.matmul(g.mul(g.matmul(x, A), scale), B));
+  };
+  /** The unembedding with LoRA merged into the weight first: one product, no extra pass over [positions × vocab]. */
+  const unembedMerged = (x: Sym) => {
+    const { A, B } = lora.get('lm_head')!;
+    return g.matmul(x, g.add(W('embed_t'), g.matmul(g.mul(A, scale), B)));
   };
   const rmsnorm = (x: Sym, weight: Sym) => g.mul(g.div(x, g.sqrt(g.add(g.reduceMean(g.mul(x, x), [-1]), g.scalar(NORM_EPS)))), weight);
   // rotate_half as a constant matrix: x·R = concat(-x₂, x₁), so rotary needs no slicing.
@@ -154,7 +167,7 @@ export function buildGraph(kind: GraphKind, dims: ModelDims): BuiltGraph {
     // Only the scored positions (those with a target that counts) reach the unembedding: with prompts
     // masked out, that is most of the cost of a vocabulary-sized output saved.
     const scored = g.gatherElements(final, g.input('score_index', 'int64', ['B', 'S', d]), 1);
-    const logits = proj(scored, 'lm_head', W('embed_t'));
+    const logits = options.mergedUnembedding ? unembedMerged(scored) : proj(scored, 'lm_head', W('embed_t'));
     const targets = g.input('targets', 'int64', ['B', 'S']);
     const all = g.logSoftmax(logits);
     const logprobs = g.reshape(g.gatherElements(all, g.unsqueeze(targets, [2]), 2), [0, 0], ['B', 'S']);

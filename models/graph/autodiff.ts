@@ -7,12 +7,21 @@ import type { GraphBuilder, GraphNode, Sym } from './builder.js';
  */
 type Rule = (g: GraphBuilder, node: GraphNode, dy: Sym, need: boolean[]) => Grad[];
 
-/**
- * A gradient, or a function that folds itself into the gradient already
- * accumulated for that input (a sparse scatter adds into it in place
- * instead of materialising zeros and adding).
- */
-type Grad = Sym | ((prior: Sym | undefined) => Sym) | null;
+/** A gradient that is zero except at `indices` along `axis`: what a pick (GatherElements) sends back. */
+interface SparseGrad {
+  sparse: true;
+  like: Sym;
+  indices: Sym;
+  updates: Sym;
+  axis: number;
+}
+
+type Grad = Sym | SparseGrad | null;
+
+const isSparse = (g: Sym | SparseGrad): g is SparseGrad => 'sparse' in g;
+
+/** The dense form of a sparse gradient (zeros with the picks scattered in), or scattered into `into`. */
+const densify = (g: GraphBuilder, sp: SparseGrad, into?: Sym) => g.scatterElements(into ?? g.zerosLike(sp.like), sp.indices, sp.updates, sp.axis, 'add');
 
 /** Builds a gradient only when that input needs one, so no dead nodes enter the graph. */
 const when = (needed: boolean | undefined, build: () => Sym): Sym | null => (needed ? build() : null);
@@ -41,6 +50,7 @@ export const RULES: Record<string, Rule> = {
   // σ' = σ(1 - σ)
   Sigmoid: (g, n, dy) => [g.mul(dy, g.mul(out(n), g.sub(g.scalar(1), out(n))))],
   MatMul: (g, n, dy, need) => matmulGrads(g, input(n, x0), input(n, x1), dy, need),
+  Flatten: (g, n, dy) => [g.reshapeLike(dy, input(n, x0))],
   Transpose: (g, n, dy) => [g.transpose(dy, inverse(n.attrs.perm as number[]))],
   Reshape: (g, n, dy) => [g.reshapeLike(dy, input(n, x0)), null],
   Unsqueeze: (g, n, dy) => [g.reshapeLike(dy, input(n, x0)), null],
@@ -54,9 +64,18 @@ export const RULES: Record<string, Rule> = {
   LogSoftmax: (g, n, dy) => [g.sub(dy, g.mul(g.exp(out(n)), g.reduceSum(dy, [-1])))],
   // y = softmax(x): dx = y·(dy - Σ dy·y)
   Softmax: (g, n, dy) => [g.mul(out(n), g.sub(dy, g.reduceSum(g.mul(dy, out(n)), [-1])))],
-  // Picks are sparse: scatter-add them into the gradient already there, or into zeros. (Add, not
-  // overwrite: an index may repeat, and each pick contributes.)
-  GatherElements: (g, n, dy) => [(prior) => g.scatterElements(prior ?? g.zerosLike(input(n, x0)), input(n, x1), dy, n.attrs.axis as number, 'add'), null],
+  // Picks send back a sparse gradient; it becomes dense (scatter-add, as an index may repeat) only where a rule needs it.
+  GatherElements: (_g, n, dy) => [{ sparse: true, like: input(n, x0), indices: input(n, x1), updates: dy, axis: n.attrs.axis as number }, null],
+};
+
+/** Rules that take a sparse output gradient as it is, sparing a pass over a dense tensor of zeros. */
+const SPARSE_RULES: Record<string, (g: GraphBuilder, node: GraphNode, dy: SparseGrad) => Sym | null> = {
+  // dx = dy - softmax(x)·Σdy, with dy picks along the softmax axis: scatter the picks into -softmax(x)·Σpicks.
+  LogSoftmax: (g, n, dy) => {
+    const rank = n.inputs[0]!.shape.length;
+    if (dy.axis !== -1 && dy.axis !== rank - 1) return null;
+    return densify(g, dy, g.mul(g.exp(out(n)), g.neg(g.reduceSum(dy.updates, [-1]))));
+  },
 };
 
 /** Gradients of `sum(seed_i · y_i)` with respect to `wrt`, appended to the graph. */
@@ -66,17 +85,28 @@ export function backprop(g: GraphBuilder, seeds: [y: Sym, dy: Sym][], wrt: Sym[]
   const tape = g.nodes.slice();
   for (const node of tape) if (node.inputs.some((s) => needs.has(s.id))) for (const o of node.outputs) needs.add(o.id);
 
-  const grads = new Map<number, Sym>();
-  const accumulate = (s: Sym, dx: Exclude<Grad, null>) => {
+  const grads = new Map<number, Sym | SparseGrad>();
+  const accumulate = (s: Sym, dx: Sym | SparseGrad) => {
     const prior = grads.get(s.id);
-    grads.set(s.id, typeof dx === 'function' ? dx(prior) : prior ? g.add(prior, dx) : dx);
+    if (!prior) grads.set(s.id, dx);
+    else if (!isSparse(prior) && !isSparse(dx)) grads.set(s.id, g.add(prior, dx));
+    else if (isSparse(dx)) grads.set(s.id, densify(g, dx, isSparse(prior) ? densify(g, prior) : prior));
+    else grads.set(s.id, densify(g, prior as SparseGrad, dx));
   };
   for (const [y, dy] of seeds) accumulate(y, dy);
 
   for (let i = tape.length - 1; i >= 0; i--) {
     const node = tape[i]!;
-    const dy = grads.get(node.outputs[0]!.id);
+    let dy = grads.get(node.outputs[0]!.id);
     if (!dy || !node.inputs.some((s) => needs.has(s.id))) continue;
+    if (isSparse(dy)) {
+      const dx = SPARSE_RULES[node.op]?.(g, node, dy);
+      if (dx) {
+        if (needs.has(node.inputs[0]!.id)) accumulate(node.inputs[0]!, dx);
+        continue;
+      }
+      dy = densify(g, dy);
+    }
     const rule = RULES[node.op];
     if (!rule) throw new Error(`no backward rule for ${node.op}`);
     rule(g, node, dy, node.inputs.map((x) => needs.has(x.id))).forEach((dx, k) => {
@@ -88,7 +118,7 @@ export function backprop(g: GraphBuilder, seeds: [y: Sym, dy: Sym][], wrt: Sym[]
   for (const w of wrt) {
     const dw = grads.get(w.id);
     if (!dw) throw new Error(`${w.name} does not reach the seeds`);
-    result.set(w, dw);
+    result.set(w, isSparse(dw) ? densify(g, dw) : dw);
   }
   return result;
 }
