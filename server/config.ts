@@ -24,6 +24,10 @@ export interface ServerOptions {
   samplerReplicas: number;
   /** Lifetime of presigned checkpoint-file URLs. */
   presignTtlSeconds: number;
+  /** Long-poll window of operation polls (under the clients' 30 s). */
+  longPollMs: number;
+  /** How long a finished operation's result stays retrievable. */
+  operationTtlMs: number;
   /** Where the model engine computes: cpu, or cuda where onnxruntime-node has its CUDA provider. */
   device: 'cpu' | 'cuda';
   /** Model name → a tokenizer.json (or its folder) to use instead of the built-in one. */
@@ -42,6 +46,8 @@ export const DEFAULTS: ServerOptions = {
   presignTtlSeconds: 3600,
   device: 'cpu',
   tokenizers: {},
+  longPollMs: 25_000,
+  operationTtlMs: 600_000,
 };
 
 export class ConfigError extends Error {}
@@ -90,6 +96,8 @@ export const FLAGS: Record<string, FlagSpec> = {
   'cold-start-ms': { help: 'time for a new trainer or sampler to become ready (default 0)', set: (o, v) => { o.coldStartMs = integer('cold-start-ms', 0, 86_400_000)(v); } },
   'deactivation-ms': { help: 'time a sampler stays DEACTIVATING (default 0)', set: (o, v) => { o.deactivationMs = integer('deactivation-ms', 0, 86_400_000)(v); } },
   'sampler-replicas': { help: 'replicas per sampler (default 1)', set: (o, v) => { o.samplerReplicas = integer('sampler-replicas', 1, 64)(v); } },
+  'long-poll-ms': { help: 'long-poll window of GET .../operations/{id}, then 408 (default 25000, below 30000)', set: (o, v) => { o.longPollMs = integer('long-poll-ms', 1, 29_999)(v); } },
+  'operation-ttl-ms': { help: 'how long a finished operation stays retrievable, then 404 (default 600000)', set: (o, v) => { o.operationTtlMs = integer('operation-ttl-ms', 1, 7 * 86_400_000)(v); } },
   device: {
     help: 'where the model engine computes: cpu (default) or cuda (needs onnxruntime-node\'s CUDA provider)',
     set: (o, v) => { if (v !== 'cpu' && v !== 'cuda') throw new ConfigError(`--device must be cpu or cuda, got '${v}'`); o.device = v; },

@@ -72,6 +72,7 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
     deactivationMs: options.deactivationMs,
     samplerReplicas: options.samplerReplicas,
     presignTtlMs: options.presignTtlSeconds * 1000,
+    operationTtlMs: options.operationTtlMs,
   });
   let publicUrl = options.publicUrl ?? '';
   let app: FastifyInstance;

@@ -194,6 +194,17 @@ export class Checkpoints {
     return c;
   }
 
+  /** Every file of a checkpoint, by relative name. */
+  readFiles(c: CheckpointRecord): Map<string, Uint8Array> {
+    const out = new Map<string, Uint8Array>();
+    for (const f of c.files) {
+      const bytes = this.blobs.read(c.id, f.relative_file_name);
+      if (!bytes) throw notFound(`Checkpoint ${c.id} is missing its file '${f.relative_file_name}'.`);
+      out.set(f.relative_file_name, bytes);
+    }
+    return out;
+  }
+
   totalBytes(runIds: Set<string>): number {
     let total = 0;
     for (const c of this.records.values()) if (runIds.has(c.run_id)) total += c.files.reduce((s, f) => s + f.size_bytes, 0);

@@ -4,6 +4,9 @@ import { Checkpoints } from './checkpoints.js';
 import { RealClock, type Clock } from './clock.js';
 import { DeploymentLogs } from './deployment-logs.js';
 import { Fleet } from './fleet.js';
+import { Operations } from './operations.js';
+import { SamplerWeights } from './sampler-weights.js';
+import { Trainers } from './trainers.js';
 import { Store } from './store.js';
 import { Traffic } from './traffic.js';
 import { UserConfigs } from './user-config.js';
@@ -19,6 +22,8 @@ export interface CoreOptions {
   samplerReplicas?: number;
   /** How long a presigned checkpoint-file URL stays valid. */
   presignTtlMs?: number;
+  /** How long a finished operation's result stays retrievable (default 10 minutes). */
+  operationTtlMs?: number;
   /** The model engines' compute: built lazily, one per base model, on first training or sampling. */
   engines?: EnginePool;
 }
@@ -37,6 +42,9 @@ export class LoopsCore {
   readonly fleet: Fleet;
   readonly userConfigs: UserConfigs;
   readonly engines: EnginePool;
+  readonly operations: Operations;
+  readonly samplerWeights: SamplerWeights;
+  readonly trainers: Trainers;
   private closed = false;
 
   constructor(options: CoreOptions = {}) {
@@ -53,6 +61,14 @@ export class LoopsCore {
     });
     this.userConfigs = new UserConfigs(this.store);
     this.engines = options.engines ?? new EnginePool();
+    this.operations = new Operations(this.clock, { ttlMs: options.operationTtlMs ?? 600_000 });
+    this.samplerWeights = new SamplerWeights();
+    this.trainers = new Trainers(this.fleet, this.checkpoints, this.engines, this.operations, this.samplerWeights);
+  }
+
+  /** Stops accepting work: long polls answer 503 from now on. */
+  beginShutdown(): void {
+    this.operations.shutdown();
   }
 
   get isClosed(): boolean {
@@ -63,6 +79,7 @@ export class LoopsCore {
   close(): void {
     if (this.closed) return;
     this.closed = true;
+    this.operations.shutdown();
     this.fleet.close();
     this.store.close();
   }

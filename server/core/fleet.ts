@@ -67,6 +67,8 @@ export class Fleet {
   /** Last trainer activity per run, for the idle timeout. */
   private readonly lastActivity = new Map<string, number>();
   private readonly timers = new Set<Timer>();
+  /** Called whenever a run stops, with the reason (the trainer fails its pending operations). */
+  private readonly runStoppedListeners: ((run: RunRecord, reason: string) => void)[] = [];
 
   constructor(
     private readonly store: Store,
@@ -198,6 +200,21 @@ export class Fleet {
   /** Any trainer request keeps its run warm. */
   touchRun(runId: string): void {
     if (this.runs.get(runId)?.status === 'ACTIVE') this.lastActivity.set(runId, Math.max(this.clock.now(), this.lastActivity.get(runId) ?? 0));
+  }
+
+  onRunStopped(listener: (run: RunRecord, reason: string) => void): void {
+    this.runStoppedListeners.push(listener);
+  }
+
+  /** init_trainer_server changes the adapter's rank: later loads are checked against it. */
+  setLoraRank(run: RunRecord, rank: number): void {
+    run.lora_rank = rank;
+    this.store.put('run', run.id, run);
+  }
+
+  /** Milliseconds until a run's trainer has finished its cold start (0 when ready). */
+  coldStartLeft(run: RunRecord): number {
+    return Math.max(0, run.created_at + this.options.coldStartMs - this.clock.now());
   }
 
   // ---- deployments -------------------------------------------------------
@@ -452,6 +469,7 @@ export class Fleet {
     this.lastActivity.delete(run.id);
     this.store.put('run', run.id, run);
     this.logs.add(run.deployment_id, 'INFO', `Run ${run.id} INACTIVE: ${reason}`, 'trainer-0');
+    for (const listener of this.runStoppedListeners) listener(run, reason);
     const d = this.deployments.get(run.deployment_id);
     if (d && d.active_run_id === run.id) {
       d.active_run_id = null;

@@ -10,14 +10,15 @@ import { deploymentRoutes } from '../control/deployments.js';
 import { samplerRoutes } from '../control/samplers.js';
 import { sessionAndRunRoutes } from '../control/sessions-runs.js';
 import { Views } from '../control/views.js';
-import { notBuiltPlane } from '../planes/not-built.js';
+import { notBuiltSamplerPlane } from '../planes/not-built.js';
+import { trainerRoutes } from '../trainer/routes.js';
 import { VERSION } from '../version.js';
 import { apiKeyOf, requirePrincipal } from './auth.js';
 import { installErrorHandler, installNotFoundHandler, sendError } from './errors.js';
 import { buildOpenApi } from './openapi.js';
 import { serializerCompiler, validatorCompiler } from './validation.js';
 
-export type AppOptions = Pick<ServerOptions, 'bodyLimit' | 'logLevel' | 'dataDir'> & {
+export type AppOptions = Pick<ServerOptions, 'bodyLimit' | 'logLevel' | 'dataDir' | 'longPollMs'> & {
   /** The URL base_url fields start with; a function because the port may be known only after listen. */
   publicUrl: () => string;
 };
@@ -47,7 +48,11 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
   app.decorateRequest('principal', null as never);
 
   let closing = false;
-  app.addHook('preClose', async () => { closing = true; });
+  // Shutting down: new requests get 503, waiting long polls are answered 503 at once.
+  app.addHook('preClose', async () => {
+    closing = true;
+    core.beginShutdown();
+  });
   app.addHook('onRequest', async (request, reply) => {
     reply.header('x-loops-mock-version', VERSION);
     if (closing) {
@@ -93,8 +98,8 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
     });
   });
 
-  await app.register(async (trainer) => notBuiltPlane(trainer, core, 'trainer'));
-  await app.register(async (sampler) => notBuiltPlane(sampler, core, 'sampler'));
+  await app.register(async (trainer) => trainerRoutes(trainer, core, { longPollMs: options.longPollMs }));
+  await app.register(async (sampler) => notBuiltSamplerPlane(sampler, core));
 
   app.get('/openapi.json', { schema: { hide: true } as object }, () => buildOpenApi(routes, VERSION, options.publicUrl()));
 

@@ -301,7 +301,7 @@ describe('deployments', () => {
     const logs = await api.get(`/v1/loops/deployments/${d.id}/logs`);
     const messages = logs.body.logs.map((l: any) => l.message);
     expect(messages.some((m: string) => m.includes(`Run ${run.id}`))).toBe(true);
-    expect(messages.filter((m: string) => m.startsWith('POST /forward -> 501'))).toHaveLength(3);
+    expect(messages.filter((m: string) => m.startsWith('POST /forward -> 400'))).toHaveLength(3);
     expect(logs.body.logs[0].timestamp).toMatch(/^\d{19}$/);
     const warnings = await api.get(`/v1/loops/deployments/${d.id}/logs?min_level=WARNING&direction=desc&limit=2`);
     expect(warnings.body.logs).toHaveLength(2);
@@ -312,8 +312,8 @@ describe('deployments', () => {
     const metrics = await api.post(`/v1/loops/deployments/${d.id}/metrics`, { step_seconds: 60, start_epoch_millis: Date.now() - 120_000, end_epoch_millis: Date.now() + 1000 });
     expect(metrics.status).toBe(200);
     const volume = metrics.body.metrics.inference_volume_by_status;
-    const total5xx = volume.reduce((s: number, p: any) => s + p.status_5xx * 60, 0);
-    expect(Math.round(total5xx)).toBe(3);
+    const total4xx = volume.reduce((s: number, p: any) => s + p.status_4xx * 60, 0);
+    expect(Math.round(total4xx)).toBe(3);
     expect(metrics.body.metrics.cpu_memory_usage_bytes.length).toBeGreaterThan(0);
     expect((await api.post(`/v1/loops/deployments/${d.id}/metrics`)).status).toBe(200);
     expect((await api.post(`/v1/loops/deployments/${d.id}/metrics`, { start_epoch_millis: 10, end_epoch_millis: 5 })).status).toBe(400);
@@ -377,13 +377,12 @@ describe('every response', () => {
     expect(doc.paths['/v1/loops/runs'].post.requestBody.content['application/json'].schema.required).toEqual(['session_id', 'base_model']);
   });
 
-  it('answers the data planes with a clear 501 until they are built, 404 for unknown ids', async () => {
+  it('answers the sampler plane with a clear 501 until it is built, 404 for unknown ids', async () => {
     const run = await newRun(api);
-    const trainer = await server.app.inject({ method: 'POST', url: `/trainer/${run.id}/forward_backward`, payload: {} });
-    expect(trainer.statusCode).toBe(501);
-    expect(trainer.json().error).toMatchObject({ type: 'not_implemented', surface: 'trainer' });
     const sampler = await server.app.inject({ method: 'POST', url: `/sampler/${run.sampler.id}/sample`, payload: {} });
     expect(sampler.statusCode).toBe(501);
+    expect(sampler.json().error).toMatchObject({ type: 'not_implemented', surface: 'sampler' });
     expect((await server.app.inject({ method: 'GET', url: '/trainer/zzzzzzz/health' })).statusCode).toBe(404);
+    expect((await server.app.inject({ method: 'GET', url: '/sampler/zzzzzzz/health' })).statusCode).toBe(404);
   });
 });

@@ -1,0 +1,264 @@
+import { createHash } from 'node:crypto';
+import {
+  ADAM_DEFAULTS, CheckpointLoadError, isLossName, LOSS_NAMES, LossInputError, LoraTrainer, resolveLossConfig, type AdamParams, type EnginePool,
+  type LossName, type TrainingDatum,
+} from '../../models/index.js';
+import { MAX_LORA_RANK, type Fleet } from './fleet.js';
+import type { Checkpoints } from './checkpoints.js';
+import { assertSafeCheckpointName } from './checkpoints.js';
+import { invalid, LoopsError } from './errors.js';
+import { OperationFailure, type Operation, type Operations } from './operations.js';
+import type { Principal, RunRecord } from './records.js';
+import type { SamplerWeights } from './sampler-weights.js';
+
+// ---- wire shapes (already checked against their schemas by the front door) --------------
+
+export interface TensorData {
+  data: number[];
+  dtype: 'int64' | 'float32';
+  shape?: number[] | null;
+}
+
+export interface WireDatum {
+  model_input: { chunks: { type: string; tokens?: number[] }[] };
+  loss_fn_inputs?: Record<string, TensorData>;
+}
+
+export interface ForwardRequest {
+  data: WireDatum[];
+  loss_fn: string;
+  loss_fn_config?: Record<string, number> | null;
+}
+
+export interface OptimStepRequest {
+  adam_params?: Partial<AdamParams> | null;
+}
+
+export const TRAINER_OPS = ['forward', 'forward_backward', 'optim_step', 'save_state', 'save_weights_for_sampler', 'load_state', 'load_state_with_optimizer', 'init_trainer_server'] as const;
+export type TrainerOp = (typeof TRAINER_OPS)[number];
+
+/** Per-position inputs a datum may carry, with the dtype each must have. */
+const LOSS_INPUTS: Record<string, 'int64' | 'float32'> = { target_tokens: 'int64', weights: 'float32', logprobs: 'float32', advantages: 'float32' };
+
+interface TrainerState {
+  trainer: LoraTrainer | null;
+  /** Resolves once the trainer exists and any start-up checkpoint is loaded. */
+  ready: Promise<void>;
+  loaded: boolean;
+}
+
+/**
+ * The trainer of every run: validation at submit time, operations executed
+ * in order on the run's LoRA trainer, checkpoints, and publication of
+ * weights to the run's paired sampler.
+ */
+export class Trainers {
+  private readonly states = new Map<string, TrainerState>();
+
+  constructor(
+    private readonly fleet: Fleet,
+    private readonly checkpoints: Checkpoints,
+    private readonly engines: EnginePool,
+    private readonly operations: Operations,
+    private readonly samplerWeights: SamplerWeights,
+  ) {
+    fleet.onRunStopped((run, reason) => {
+      this.operations.failPending(run.id, 'RunDeactivated', `Run ${run.id} is INACTIVE (${reason}); its operations were stopped. Create a new run to continue.`);
+      this.states.delete(run.id);
+    });
+  }
+
+  /** Whether the trainer answers health checks: cold start over and start-up checkpoint loaded. */
+  isReady(run: RunRecord): boolean {
+    if (this.fleet.coldStartLeft(run) > 0) return false;
+    const state = this.state(run);
+    return state.loaded;
+  }
+
+  policyVersion(run: RunRecord): number {
+    return this.states.get(run.id)?.trainer?.step ?? 0;
+  }
+
+  /** Validates a request fully, then queues it; returns the operation (an earlier one for a reused Idempotency-Key). */
+  submit(p: Principal, run: RunRecord, op: TrainerOp, body: Record<string, unknown>, idempotencyKey: string | undefined): Operation {
+    const work = this.prepare(p, run, op, body);
+    return this.operations.submit(run.id, op, body, idempotencyKey, async () => {
+      await this.state(run).ready;
+      const state = this.states.get(run.id);
+      if (!state?.trainer || run.status !== 'ACTIVE') throw new OperationFailure('RunDeactivated', `Run ${run.id} is INACTIVE; its trainer is gone.`);
+      try {
+        return await work(state.trainer);
+      } catch (err) {
+        if (err instanceof LossInputError || err instanceof CheckpointLoadError || (err instanceof LoopsError && err.kind === 'invalid_request')) throw new OperationFailure('ValueError', err.message);
+        throw err;
+      }
+    });
+  }
+
+  // ---- per-op validation and work ---------------------------------------
+
+  private prepare(p: Principal, run: RunRecord, op: TrainerOp, body: Record<string, unknown>): (t: LoraTrainer) => Promise<unknown> {
+    switch (op) {
+      case 'forward':
+      case 'forward_backward': {
+        const { data, loss, config } = this.checkPass(run, body as unknown as ForwardRequest);
+        return async (t) => {
+          const r = op === 'forward' ? await t.forward(data, loss, config) : await t.forwardBackward(data, loss, config);
+          return {
+            loss: r.loss,
+            loss_fn_outputs: r.logprobs.map((lp) => ({ logprobs: { data: Array.from(lp), dtype: 'float32', shape: [lp.length] } })),
+            metrics: r.metrics,
+          };
+        };
+      }
+      case 'optim_step': {
+        const hp = checkAdam((body as OptimStepRequest).adam_params ?? {});
+        return async (t) => {
+          const metrics = t.optimStep(hp);
+          return { metrics, policy_version: t.step };
+        };
+      }
+      case 'save_state':
+      case 'save_weights_for_sampler': {
+        const name = String(body.name);
+        assertSafeCheckpointName(name, 'name');
+        return async (t) => {
+          if (op === 'save_state') {
+            const c = this.checkpoints.save(run, 'trainer', name, t.stateFiles(), adapterConfigOf(t));
+            return { path: `bt://loops:${run.id}/weights/${c.name}` };
+          }
+          const c = this.checkpoints.save(run, 'sampler', name, t.samplerFiles(), adapterConfigOf(t));
+          const path = `bt://loops:${run.id}/sampler_weights/${c.name}`;
+          // Publish to the paired sampler (created now if the run has none, as the SDK does lazily).
+          const sampler = this.fleet.pairSampler(run);
+          this.samplerWeights.publish(sampler.id, { version: t.step, adapter: t.snapshot(), path });
+          return { path, policy_version: t.step };
+        };
+      }
+      case 'load_state':
+      case 'load_state_with_optimizer': {
+        const withOptimizer = op === 'load_state_with_optimizer';
+        const c = this.checkpoints.resolve(p, String(body.path), 'path', withOptimizer ? 'trainer' : undefined);
+        if (c.base_model !== run.base_model) throw invalid(`path is a checkpoint of ${c.base_model}; this run trains ${run.base_model}.`, { field: 'path' });
+        const rank = (c.lora_adapter_config as { r?: number } | null)?.r;
+        if (rank !== undefined && rank !== run.lora_rank) throw invalid(`path holds a rank-${rank} adapter; this run's lora_rank is ${run.lora_rank}. Use init_trainer_server {lora_rank: ${rank}} first, or a run of that rank.`, { field: 'path' });
+        return async (t) => {
+          t.load(this.checkpoints.readFiles(c), withOptimizer);
+          return { path: String(body.path) };
+        };
+      }
+      case 'init_trainer_server': {
+        const rank = body.lora_rank as number;
+        const alpha = (body.lora_alpha as number | undefined) ?? 32;
+        if (rank < 1 || rank > MAX_LORA_RANK) throw invalid(`lora_rank ${rank} is out of range: use 1..${MAX_LORA_RANK}.`, { field: 'lora_rank' });
+        if (!(alpha > 0)) throw invalid(`lora_alpha must be > 0 (got ${alpha}).`, { field: 'lora_alpha' });
+        return async (t) => {
+          t.reset(rank, alpha);
+          this.fleet.setLoraRank(run, rank);
+          return { lora_rank: rank, lora_alpha: alpha, policy_version: t.step };
+        };
+      }
+    }
+  }
+
+  /** Every check of a forward/forward_backward request, naming the datum and field at fault. */
+  private checkPass(run: RunRecord, body: ForwardRequest): { data: TrainingDatum[]; loss: LossName; config: Record<string, number> } {
+    if (!isLossName(body.loss_fn)) throw invalid(`loss_fn '${body.loss_fn}' is not a loss of Loops: use one of ${LOSS_NAMES.join(', ')}.`, { field: 'loss_fn' });
+    const loss = body.loss_fn;
+    let config: Record<string, number>;
+    try {
+      config = resolveLossConfig(loss, body.loss_fn_config);
+    } catch (err) {
+      throw invalid((err as LossInputError).message, { field: (err as LossInputError).field });
+    }
+    const vocab = this.engines.vocabSize(run.base_model);
+    const data = body.data.map((d, i): TrainingDatum => {
+      const at = `data[${i}]`;
+      const tokens: number[] = [];
+      d.model_input.chunks.forEach((chunk, c) => {
+        if (chunk.type !== 'encoded_text' || !chunk.tokens) throw invalid(`${at}.model_input.chunks[${c}] is a '${chunk.type}' chunk: loops-mock trains on text; send {"type": "encoded_text", "tokens": [...]}.`, { field: `${at}.model_input.chunks[${c}].type` });
+        tokens.push(...chunk.tokens);
+      });
+      if (!tokens.length) throw invalid(`${at}.model_input has no tokens.`, { field: `${at}.model_input` });
+      if (tokens.length > run.max_seq_len) throw invalid(`${at} has ${tokens.length} tokens; this run's max_seq_len is ${run.max_seq_len}.`, { field: `${at}.model_input` });
+      const bad = tokens.findIndex((t) => t < 0 || t >= vocab);
+      if (bad >= 0) throw invalid(`${at}.model_input token ${tokens[bad]} at position ${bad} is outside ${run.base_model}'s vocabulary (0..${vocab - 1}).`, { field: `${at}.model_input` });
+      const inputs = d.loss_fn_inputs ?? {};
+      const arrays: Record<string, number[]> = {};
+      for (const [name, tensor] of Object.entries(inputs)) {
+        const field = `${at}.loss_fn_inputs.${name}`;
+        const want = LOSS_INPUTS[name];
+        if (!want) throw invalid(`${field} is not an input of Loops losses: use ${Object.keys(LOSS_INPUTS).join(', ')}.`, { field });
+        if (tensor.dtype !== want) throw invalid(`${field} must have dtype '${want}' (got '${tensor.dtype}').`, { field: `${field}.dtype` });
+        const expected = tensor.shape ? tensor.shape.reduce((a, b) => a * b, 1) : tensor.data.length;
+        if (tensor.shape && (tensor.shape.length !== 1 || expected !== tensor.data.length)) {
+          throw invalid(`${field}.shape ${JSON.stringify(tensor.shape)} does not fit its ${tensor.data.length} values: per-position inputs are 1-D, [${tokens.length}].`, { field: `${field}.shape` });
+        }
+        if (tensor.data.length !== tokens.length) throw invalid(`${field} has ${tensor.data.length} values; ${at} has ${tokens.length} tokens and needs one per position.`, { field });
+        if (want === 'int64' && tensor.data.some((v) => !Number.isInteger(v))) throw invalid(`${field} must hold integers.`, { field });
+        if (tensor.data.some((v) => !Number.isFinite(v))) throw invalid(`${field} must hold finite numbers.`, { field });
+        if (name === 'target_tokens') {
+          const off = tensor.data.findIndex((t) => t !== -100 && (t < 0 || t >= vocab));
+          if (off >= 0) throw invalid(`${field} ${tensor.data[off]} at position ${off} is outside the vocabulary (0..${vocab - 1}); use -100 for positions that do not count.`, { field });
+        }
+        arrays[name] = tensor.data;
+      }
+      if (loss !== 'cross_entropy' && (!arrays.logprobs || !arrays.advantages)) {
+        throw invalid(`loss_fn '${loss}' needs ${at}.loss_fn_inputs.logprobs (the sampler's logprobs of the tokens) and .advantages.`, { field: `${at}.loss_fn_inputs` });
+      }
+      const f32 = (a?: number[]) => (a ? Float32Array.from(a) : null);
+      return { tokens, targetTokens: arrays.target_tokens ?? null, weights: f32(arrays.weights), logprobs: f32(arrays.logprobs), advantages: f32(arrays.advantages) };
+    });
+    return { data, loss, config };
+  }
+
+  /** The run's trainer, created on first use; a run created with `path` loads it (weights) before it is ready. */
+  private state(run: RunRecord): TrainerState {
+    let state = this.states.get(run.id);
+    if (!state) {
+      const s: TrainerState = { trainer: null, ready: Promise.resolve(), loaded: false };
+      s.ready = (async () => {
+        const engine = this.engines.get(run.base_model);
+        const trainer = new LoraTrainer(engine, run.lora_rank, 32, run.seed ?? seedOf(run.id));
+        if (run.path) {
+          const c = this.checkpoints.find(...locate(run.path));
+          if (c) trainer.load(this.checkpoints.readFiles(c), false);
+        }
+        s.trainer = trainer;
+        s.loaded = true;
+      })();
+      s.ready.catch(() => undefined);
+      this.states.set(run.id, (state = s));
+    }
+    return state;
+  }
+}
+
+function checkAdam(given: Partial<AdamParams>): AdamParams {
+  const hp = { ...ADAM_DEFAULTS, ...Object.fromEntries(Object.entries(given).filter(([, v]) => v !== null && v !== undefined)) } as AdamParams;
+  const rules: [keyof AdamParams, (v: number) => boolean, string][] = [
+    ['learning_rate', (v) => v >= 0, '>= 0'],
+    ['beta1', (v) => v >= 0 && v < 1, 'in [0, 1)'],
+    ['beta2', (v) => v >= 0 && v < 1, 'in [0, 1)'],
+    ['eps', (v) => v > 0, '> 0'],
+    ['weight_decay', (v) => v >= 0, '>= 0'],
+    ['grad_clip_norm', (v) => v >= 0, '>= 0 (0 = no clipping)'],
+  ];
+  for (const [k, ok, want] of rules) {
+    if (!Number.isFinite(hp[k]) || !ok(hp[k])) throw invalid(`adam_params.${k} must be ${want} (got ${hp[k]}).`, { field: `adam_params.${k}` });
+  }
+  return hp;
+}
+
+function adapterConfigOf(t: LoraTrainer): Record<string, unknown> {
+  return { r: t.adapter.rank, lora_alpha: t.adapter.alpha, target_modules: [...new Set(t.engine.sites.map((s) => s.module))], base_model_name_or_path: t.engine.modelName };
+}
+
+function seedOf(runId: string): number {
+  return createHash('sha256').update(runId).digest().readUInt32LE(0);
+}
+
+function locate(path: string): [string, 'trainer' | 'sampler', string] {
+  const m = /^bt:\/\/loops:([^/]+)\/(weights|sampler_weights)\/(.+)$/.exec(path)!;
+  return [m[1]!, m[2] === 'weights' ? 'trainer' : 'sampler', m[3]!];
+}

@@ -1,0 +1,38 @@
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { LoopsCore } from '../core/core.js';
+import { LoopsError, notFound } from '../core/errors.js';
+import type { Principal, RunRecord, SamplerRecord } from '../core/records.js';
+import { apiKeyOf } from '../http/auth.js';
+
+export type PlaneKind = 'trainer' | 'sampler';
+
+export interface PlaneTarget<T> {
+  record: T;
+  /** The caller when a key was sent; planes accept requests without one unless keys are enforced. */
+  caller: Principal | undefined;
+}
+
+/**
+ * What every data-plane request goes through: the key (optional unless
+ * --api-key is set), the run or sampler behind the URL (404 when unknown or
+ * another organisation's), and its deployment's traffic counters and logs.
+ */
+export function resolvePlane(core: LoopsCore, kind: 'trainer', request: FastifyRequest, reply: FastifyReply, id: string): PlaneTarget<RunRecord>;
+export function resolvePlane(core: LoopsCore, kind: 'sampler', request: FastifyRequest, reply: FastifyReply, id: string): PlaneTarget<SamplerRecord>;
+export function resolvePlane(core: LoopsCore, kind: PlaneKind, request: FastifyRequest, reply: FastifyReply, id: string): PlaneTarget<RunRecord | SamplerRecord> {
+  const started = performance.now();
+  const record = kind === 'trainer' ? core.fleet.findRun(id) : core.fleet.findSampler(id);
+  const key = apiKeyOf(request);
+  if (key === undefined && core.accounts.enforced) throw new LoopsError('unauthorized', "Missing Authorization header: this server enforces API keys; send 'Authorization: Bearer <key>'.");
+  const caller = key === undefined ? undefined : core.accounts.authenticate(key);
+  if (!record || (caller && caller.org_id !== record.org_id)) throw notFound(`No ${kind} '${id}' on this server. Its URL comes from the ${kind === 'trainer' ? 'run' : 'sampler'}'s base_url.`);
+  const deploymentId = kind === 'trainer' ? (record as RunRecord).deployment_id : core.fleet.deploymentOfSampler(id);
+  const done = core.traffic.begin(deploymentId);
+  const path = request.url.split('?')[0]!.split('/').slice(3).join('/');
+  if (kind === 'trainer') core.fleet.touchRun(id);
+  reply.raw.once('close', () => {
+    done(reply.statusCode, performance.now() - started);
+    core.logs.add(deploymentId, reply.statusCode >= 400 ? 'WARNING' : 'INFO', `${request.method} /${path} -> ${reply.statusCode}`, `${kind}-0`, request.id);
+  });
+  return { record, caller };
+}

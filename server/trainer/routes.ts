@@ -1,0 +1,100 @@
+import type { FastifyInstance } from 'fastify';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import Type from 'typebox';
+import type { LoopsCore } from '../core/core.js';
+import { LoopsError } from '../core/errors.js';
+import type { RunRecord } from '../core/records.js';
+import { TRAINER_OPS, type TrainerOp } from '../core/trainers.js';
+import { sendError } from '../http/errors.js';
+import { resolvePlane } from '../planes/plane.js';
+import {
+  ForwardRequest, HealthResponse, InitRequest, LoadRequest, OperationIdResponse, OperationResponse, OptimStepRequest, PolicyVersionResponse,
+  SaveForSamplerRequest, SaveRequest,
+} from './schemas.js';
+
+const BODIES: Record<TrainerOp, object> = {
+  forward: ForwardRequest,
+  forward_backward: ForwardRequest,
+  optim_step: OptimStepRequest,
+  save_state: SaveRequest,
+  save_weights_for_sampler: SaveForSamplerRequest,
+  load_state: LoadRequest,
+  load_state_with_optimizer: LoadRequest,
+  init_trainer_server: InitRequest,
+};
+
+const RunParams = Type.Object({ run_id: Type.String() });
+const OperationParams = Type.Object({ run_id: Type.String(), operation_id: Type.String() });
+
+export interface TrainerPlaneOptions {
+  /** Long-poll window of GET /operations/{id}, below the clients' 30 s. */
+  longPollMs: number;
+}
+
+/** The trainer of each run at `run.base_url` = `{public_url}/trainer/{run_id}`: submit-then-poll operations. */
+export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore, options: TrainerPlaneOptions): void {
+  const app = appIn.withTypeProvider<TypeBoxTypeProvider>();
+  const tags = ['trainer'];
+  const activeRun = (run: RunRecord) => {
+    if (run.status !== 'ACTIVE') {
+      throw new LoopsError('conflict', `Run ${run.id} is INACTIVE (${run.inactive_reason ?? 'stopped'}): its trainer no longer takes requests. Its checkpoints remain; create a new run (path = a saved state) to continue.`, { type_detail: 'run_inactive', run_id: run.id });
+    }
+    return run;
+  };
+
+  for (const op of TRAINER_OPS) {
+    app.post(`/trainer/:run_id/${op}`, {
+      schema: { tags, summary: `Submit ${op}; poll GET /trainer/{run_id}/operations/{operation_id} for its result`, params: RunParams, body: BODIES[op] as never, response: { 200: OperationIdResponse } },
+    }, (req, reply) => {
+      const { record, caller } = resolvePlane(core, 'trainer', req, reply, req.params.run_id);
+      const run = activeRun(record);
+      const key = req.headers['idempotency-key'];
+      const principal = caller ?? ownerOf(core, run);
+      const operation = core.trainers.submit(principal, run, op, req.body as Record<string, unknown>, Array.isArray(key) ? key[0] : key);
+      return { operation_id: operation.id };
+    });
+  }
+
+  app.get('/trainer/:run_id/operations/:operation_id', {
+    schema: { tags, summary: `Long-poll an operation: 200 done or error, 408 when the window (${options.longPollMs} ms) passes first, 404 unknown or expired, 503 shutting down`, params: OperationParams, response: { 200: OperationResponse } },
+  }, async (req, reply) => {
+    const { record } = resolvePlane(core, 'trainer', req, reply, req.params.run_id);
+    const op = core.operations.get(record.id, req.params.operation_id);
+    if (!op) return sendError(reply, 404, 'not_found', `No operation '${req.params.operation_id}' on run ${record.id}: unknown, or its result expired. Resubmit with the same Idempotency-Key.`, { field: 'operation_id' });
+    if (core.operations.isClosed) return sendError(reply, 503, 'shutting_down', 'The trainer is shutting down.');
+    if (op.status === 'queued' || op.status === 'running') {
+      const wait = core.operations.wait(op, options.longPollMs);
+      // A client that hangs up mid-poll costs nothing: its wait is dropped.
+      req.raw.once('close', wait.cancel);
+      const outcome = await wait.outcome;
+      if (outcome === 'shutdown') return sendError(reply, 503, 'shutting_down', 'The trainer is shutting down.');
+      if (outcome === 'timeout') return sendError(reply, 408, 'operation_pending', `Operation ${op.id} (${op.op}) is still ${op.status}; poll again.`, { operation_id: op.id, status: op.status });
+    }
+    return op.status === 'done' ? { status: 'done' as const, result: op.result } : { status: 'error' as const, error: op.error };
+  });
+
+  app.get('/trainer/:run_id/policy_version', {
+    schema: { tags, summary: 'Optimizer steps applied so far', params: RunParams, response: { 200: PolicyVersionResponse } },
+  }, (req, reply) => {
+    const { record } = resolvePlane(core, 'trainer', req, reply, req.params.run_id);
+    return { policy_version: core.trainers.policyVersion(activeRun(record)) };
+  });
+
+  app.get('/trainer/:run_id/health', {
+    schema: { tags, summary: '200 once the trainer is ready (after its cold start), 503 before', params: RunParams, response: { 200: HealthResponse } },
+  }, (req, reply) => {
+    const { record } = resolvePlane(core, 'trainer', req, reply, req.params.run_id);
+    const run = activeRun(record);
+    if (!core.trainers.isReady(run)) {
+      const retry = Math.max(1, Math.ceil(core.fleet.coldStartLeft(run) / 1000));
+      reply.header('retry-after', String(retry));
+      throw new LoopsError('unavailable', `The trainer of run ${run.id} is still starting; poll /health again.`, { retry_after_s: retry });
+    }
+    return { status: 'ok' };
+  });
+}
+
+/** Without a key (allowed when keys are not enforced) a request acts as the run's owner. */
+function ownerOf(core: LoopsCore, run: RunRecord) {
+  return { org_id: run.org_id, user_id: run.user_id, team_id: run.team_id, email: core.accounts.emailOf(run.user_id) ?? '' };
+}

@@ -1,0 +1,59 @@
+/** TypeBox schemas of the trainer data plane (PROTOCOL.md section 4 and 6). */
+import Type from 'typebox';
+
+const strict = { additionalProperties: false } as const;
+
+export const TensorData = Type.Object({
+  data: Type.Array(Type.Number()),
+  dtype: Type.Enum(['int64', 'float32']),
+  shape: Type.Optional(Type.Union([Type.Array(Type.Integer({ minimum: 0 })), Type.Null()])),
+}, { ...strict, title: 'TensorData' });
+
+export const ModelInput = Type.Object({
+  chunks: Type.Array(Type.Object({
+    type: Type.String(),
+    tokens: Type.Optional(Type.Array(Type.Integer())),
+  }, { additionalProperties: true }), { minItems: 1 }),
+}, { ...strict, title: 'ModelInput' });
+
+export const Datum = Type.Object({
+  model_input: ModelInput,
+  loss_fn_inputs: Type.Optional(Type.Record(Type.String(), TensorData)),
+}, { ...strict, title: 'Datum' });
+
+export const ForwardRequest = Type.Object({
+  data: Type.Array(Datum, { minItems: 1 }),
+  loss_fn: Type.String(),
+  loss_fn_config: Type.Optional(Type.Union([Type.Record(Type.String(), Type.Number()), Type.Null()])),
+}, { ...strict, title: 'ForwardBackwardRequest' });
+
+export const OptimStepRequest = Type.Object({
+  adam_params: Type.Optional(Type.Union([Type.Object({
+    learning_rate: Type.Optional(Type.Number()),
+    beta1: Type.Optional(Type.Number()),
+    beta2: Type.Optional(Type.Number()),
+    eps: Type.Optional(Type.Number()),
+    weight_decay: Type.Optional(Type.Number()),
+    grad_clip_norm: Type.Optional(Type.Number()),
+  }, strict), Type.Null()])),
+}, { ...strict, title: 'OptimStepRequest' });
+
+export const SaveRequest = Type.Object({ name: Type.String({ minLength: 1 }) }, { ...strict, title: 'SaveStateRequest' });
+export const SaveForSamplerRequest = Type.Object({
+  name: Type.String({ minLength: 1 }),
+  trainer_server_id: Type.Optional(Type.Union([Type.String(), Type.Null()])),
+}, { ...strict, title: 'SaveWeightsForSamplerRequest' });
+export const LoadRequest = Type.Object({ path: Type.String({ minLength: 1 }) }, { ...strict, title: 'LoadStateRequest' });
+export const InitRequest = Type.Object({
+  lora_rank: Type.Integer(),
+  lora_alpha: Type.Optional(Type.Number()),
+}, { ...strict, title: 'InitTrainerServerRequest' });
+
+export const OperationIdResponse = Type.Object({ operation_id: Type.String() });
+export const PolicyVersionResponse = Type.Object({ policy_version: Type.Integer() });
+export const HealthResponse = Type.Object({ status: Type.String() });
+export const OperationResponse = Type.Object({
+  status: Type.Enum(['done', 'error']),
+  result: Type.Optional(Type.Unknown()),
+  error: Type.Optional(Type.Object({ message: Type.String(), error_class: Type.String() })),
+});
