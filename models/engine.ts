@@ -1,6 +1,9 @@
-import { availableParallelism } from 'node:os';
-import * as ort from 'onnxruntime-node';
-import { baseWeights, buildGraph, DEFAULT_DIMS, loraSites, ROPE_BASE, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
+import { fileURLToPath } from 'node:url';
+import { Worker } from 'node:worker_threads';
+import { DeviceUnavailableError, GraphRunner, type Feed, type RunRequest } from './graph-runner.js';
+import { DEFAULT_DIMS, loraSites, ROPE_BASE, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
+
+export { DeviceUnavailableError } from './graph-runner.js';
 import type { LoraAdapter } from './lora.js';
 
 export type Device = 'cpu' | 'cuda';
@@ -13,6 +16,11 @@ export interface EngineOptions {
   maxPositionsPerRun?: number;
   /** Model width etc.; tests use smaller ones. */
   dims?: Partial<Omit<ModelDims, 'vocab'>>;
+  /**
+   * Where graphs run: 'worker' (default) on a worker thread of this engine, so the caller's event loop never
+   * waits on compute; 'inline' on the calling thread (simpler to debug, blocks while computing).
+   */
+  thread?: 'worker' | 'inline';
 }
 
 /** One sequence to score: `targets[i]` is the token position i predicts. */
@@ -40,28 +48,16 @@ const NEG_INF = -1e9;
 /** From this many scored positions in one run on, the merged unembedding is cheaper (about the model width). */
 const MERGE_FROM_POSITIONS = 64;
 
-// onnxruntime's own log goes to stderr; every failure it reports also reaches us as an exception, which we
-// turn into a clear message, so its log would only repeat it (e.g. three lines for a missing CUDA provider).
-ort.env.logLevel = 'fatal';
-
-/** `--device cuda` on a machine whose onnxruntime-node has no CUDA execution provider. */
-export class DeviceUnavailableError extends Error {
-  constructor(cause: unknown) {
-    super(
-      'The CUDA execution provider is not available to onnxruntime-node here: its CUDA binaries are not installed ' +
-      '(this project\'s .npmrc skips their download, and they need CUDA 12 and cuDNN on the machine). On a machine that has them, run ' +
-      '`ONNXRUNTIME_NODE_INSTALL=cuda12 node node_modules/onnxruntime-node/script/install.js`, or use --device cpu. ' +
-      `(onnxruntime said: ${String((cause as Error)?.message ?? cause).split('\n')[0]})`,
-    );
-    this.name = 'DeviceUnavailableError';
-  }
-}
 
 /** Checks that a device can run graphs, with a tiny model; throws DeviceUnavailableError if not. */
 export async function probeDevice(device: Device): Promise<void> {
   if (device === 'cpu') return;
   const engine = new ModelEngine('device-probe', 8, { device, dims: { dModel: 8, heads: 2, ffn: 8, layers: 1 } });
-  await engine.warm(['forward']);
+  try {
+    await engine.warm(['forward']);
+  } finally {
+    await engine.close();
+  }
 }
 
 /**
@@ -72,8 +68,7 @@ export async function probeDevice(device: Device): Promise<void> {
 export class ModelEngine {
   readonly dims: ModelDims;
   readonly sites: LoraSite[];
-  private readonly baseFeeds: Record<string, ort.Tensor> = {};
-  private readonly sessions = new Map<string, Promise<ort.InferenceSession>>();
+  private readonly runner: Runner;
   private readonly maxPositions: number;
   private readonly headDim: number;
   /** Graph runs of one engine are serialised: onnxruntime sessions already use every core. */
@@ -84,12 +79,18 @@ export class ModelEngine {
     this.sites = loraSites(this.dims);
     this.headDim = this.dims.dModel / this.dims.heads;
     this.maxPositions = options.maxPositionsPerRun ?? 512;
-    for (const w of baseWeights(modelName, this.dims)) this.baseFeeds[`base.${w.name}`] = new ort.Tensor('float32', w.data, w.shape);
+    const config = { modelName, dims: this.dims, device: options.device ?? 'cpu', threads: options.threads };
+    this.runner = options.thread === 'inline' ? new GraphRunner(config) : new WorkerRunner(config);
+  }
+
+  /** Stops the engine's worker thread. */
+  async close(): Promise<void> {
+    await this.runner.close?.();
   }
 
   /** Loads every session now rather than at first use (a server warming up). */
   async warm(kinds: GraphKind[] = ['forward', 'backward', 'decode']): Promise<void> {
-    await Promise.all(kinds.map((k) => this.session(k)));
+    for (const k of kinds) await this.runner.warm(k);
   }
 
   /** Logprob of each target token, per sequence. */
@@ -108,7 +109,7 @@ export class ModelEngine {
     const top: { ids: number[]; logprobs: number[] }[][] = [];
     for (const chunk of this.chunks(seqs.map((s) => ({ ...s, scored: undefined })))) {
       const T = Math.max(...chunk.map((s) => s.tokens.length));
-      const feeds = { ...this.sequenceFeeds(chunk), ...this.loraFeeds(adapter), k: new ort.Tensor('int64', BigInt64Array.from([BigInt(k)]), [1]) };
+      const feeds = { ...this.sequenceFeeds(chunk), ...this.loraFeeds(adapter), k: feed('int64', BigInt64Array.from([BigInt(k)]), [1]) };
       const result = await this.run('topk', feeds, ['logprobs', 'topk_values', 'topk_indices']);
       logprobs.push(...this.unpad(result.logprobs!, chunk));
       const values = result.topk_values!;
@@ -132,7 +133,7 @@ export class ModelEngine {
       const c = new Float32Array(chunk.length * S);
       chunk.forEach((seq, b) => positionsOf(seq).forEach((t, k) => { c[b * S + k] = cotangents[start + b]![t]!; }));
       start += chunk.length;
-      const feeds = { ...this.sequenceFeeds(chunk), ...this.loraFeeds(adapter), cotangent: new ort.Tensor('float32', c, [chunk.length, S]) };
+      const feeds = { ...this.sequenceFeeds(chunk), ...this.loraFeeds(adapter), cotangent: feed('float32', c, [chunk.length, S]) };
       const result = await this.run('backward', feeds, ['logprobs', ...gradNames]);
       logprobs.push(...this.unpad(result.logprobs!, chunk));
       for (const name of gradNames) {
@@ -157,15 +158,15 @@ export class ModelEngine {
     const P = state?.length ?? 0;
     const { heads } = this.dims;
     const hd = this.headDim;
-    const feeds: Record<string, ort.Tensor> = {
-      tokens: new ort.Tensor('int64', BigInt64Array.from(tokens.flat().map(BigInt)), [B, Tq]),
-      attn_bias: new ort.Tensor('float32', causalBias(B, Tq, P, Array(B).fill(P + Tq)), [B, 1, Tq, P + Tq]),
+    const feeds: Record<string, Feed> = {
+      tokens: feed('int64', BigInt64Array.from(tokens.flat().map(BigInt)), [B, Tq]),
+      attn_bias: feed('float32', causalBias(B, Tq, P, Array(B).fill(P + Tq)), [B, 1, Tq, P + Tq]),
       ...this.ropeFeeds(B, Tq, P),
       ...this.loraFeeds(adapter),
     };
     for (let l = 0; l < this.dims.layers; l++) {
-      feeds[`past_k.${l}`] = new ort.Tensor('float32', state?.past[2 * l] ?? new Float32Array(0), [B, heads, P, hd]);
-      feeds[`past_v.${l}`] = new ort.Tensor('float32', state?.past[2 * l + 1] ?? new Float32Array(0), [B, heads, P, hd]);
+      feeds[`past_k.${l}`] = feed('float32', state?.past[2 * l] ?? new Float32Array(0), [B, heads, P, hd]);
+      feeds[`past_v.${l}`] = feed('float32', state?.past[2 * l + 1] ?? new Float32Array(0), [B, heads, P, hd]);
     }
     const names = ['logits', ...Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat()];
     const result = await this.run('decode', feeds, names);
@@ -186,37 +187,13 @@ export class ModelEngine {
     };
   }
 
-  private async session(kind: GraphKind, merged = false): Promise<ort.InferenceSession> {
-    const key = `${kind}${merged ? ':merged' : ''}`;
-    let s = this.sessions.get(key);
-    if (!s) {
-      const { onnx } = buildGraph(kind, this.dims, { mergedUnembedding: merged });
-      const threads = this.options.threads ?? availableParallelism();
-      s = ort.InferenceSession.create(onnx, {
-        executionProviders: [this.options.device === 'cuda' ? 'cuda' : 'cpu'],
-        intraOpNumThreads: threads,
-        interOpNumThreads: 1,
-        executionMode: 'sequential',
-        graphOptimizationLevel: 'all',
-        // A missing CUDA provider is reported by DeviceUnavailableError below, not by onnxruntime's own log.
-        ...(this.options.device === 'cuda' ? { logSeverityLevel: 4 as const } : {}),
-      }).catch((err: unknown) => {
-        this.sessions.delete(key);
-        throw this.options.device === 'cuda' ? new DeviceUnavailableError(err) : err;
-      });
-      this.sessions.set(key, s);
-    }
-    return s;
-  }
-
-  private run(kind: GraphKind, feeds: Record<string, ort.Tensor>, outputs: string[]): Promise<Record<string, Float32Array>> {
+  private run(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[]): Promise<Record<string, Float32Array>> {
     // (topk_indices comes back as a BigInt64Array; callers that read it say so.)
     // Many scored positions: merge LoRA into the unembedding weight first (see GraphOptions).
     const scored = feeds.targets?.dims.reduce((p, n) => p * n, 1) ?? 0;
     const merged = kind !== 'decode' && scored >= MERGE_FROM_POSITIONS;
     const job = this.queue.then(async () => {
-      const session = await this.session(kind, merged);
-      const result = await session.run({ ...feeds, ...this.baseFeeds }, outputs);
+      const result = await this.runner.run({ kind, merged, feeds, outputs });
       return Object.fromEntries(outputs.map((n) => [n, result[n]!.data as Float32Array]));
     });
     this.queue = job.catch(() => undefined);
@@ -240,7 +217,7 @@ export class ModelEngine {
     if (chunk.length) yield chunk;
   }
 
-  private sequenceFeeds(chunk: ScoredSequence[]): Record<string, ort.Tensor> {
+  private sequenceFeeds(chunk: ScoredSequence[]): Record<string, Feed> {
     const B = chunk.length;
     const T = Math.max(...chunk.map((s) => s.tokens.length));
     const S = Math.max(...chunk.map(scoredCount));
@@ -257,16 +234,16 @@ export class ModelEngine {
       });
     });
     return {
-      tokens: new ort.Tensor('int64', tokens, [B, T]),
-      targets: new ort.Tensor('int64', targets, [B, S]),
-      score_index: new ort.Tensor('int64', scoreIndex, [B, S, d]),
-      attn_bias: new ort.Tensor('float32', causalBias(B, T, 0, chunk.map((s) => s.tokens.length)), [B, 1, T, T]),
+      tokens: feed('int64', tokens, [B, T]),
+      targets: feed('int64', targets, [B, S]),
+      score_index: feed('int64', scoreIndex, [B, S, d]),
+      attn_bias: feed('float32', causalBias(B, T, 0, chunk.map((s) => s.tokens.length)), [B, 1, T, T]),
       ...this.ropeFeeds(B, T, 0),
     };
   }
 
   /** cos and sin of each position's rotary angles, [B, T, headDim] (halves repeated). */
-  private ropeFeeds(B: number, T: number, offset: number): Record<string, ort.Tensor> {
+  private ropeFeeds(B: number, T: number, offset: number): Record<string, Feed> {
     const hd = this.headDim;
     const half = hd / 2;
     const cos = new Float32Array(B * T * hd);
@@ -283,15 +260,15 @@ export class ModelEngine {
         }
       }
     }
-    return { rope_cos: new ort.Tensor('float32', cos, [B, T, hd]), rope_sin: new ort.Tensor('float32', sin, [B, T, hd]) };
+    return { rope_cos: feed('float32', cos, [B, T, hd]), rope_sin: feed('float32', sin, [B, T, hd]) };
   }
 
-  private loraFeeds(adapter: LoraAdapter): Record<string, ort.Tensor> {
-    const feeds: Record<string, ort.Tensor> = { lora_scale: new ort.Tensor('float32', new Float32Array([adapter.scale]), []) };
+  private loraFeeds(adapter: LoraAdapter): Record<string, Feed> {
+    const feeds: Record<string, Feed> = { lora_scale: feed('float32', new Float32Array([adapter.scale]), []) };
     for (const site of this.sites) {
       const t = adapter.tensors.get(site.key)!;
-      feeds[`lora.${site.key}.A`] = new ort.Tensor('float32', t.A, [site.inDim, adapter.rank]);
-      feeds[`lora.${site.key}.B`] = new ort.Tensor('float32', t.B, [adapter.rank, site.outDim]);
+      feeds[`lora.${site.key}.A`] = feed('float32', t.A, [site.inDim, adapter.rank]);
+      feeds[`lora.${site.key}.B`] = feed('float32', t.B, [adapter.rank, site.outDim]);
     }
     return feeds;
   }
@@ -304,6 +281,78 @@ export class ModelEngine {
       positionsOf(s).forEach((t, k) => { out[t] = flat[b * S + k]!; });
       return out;
     });
+  }
+}
+
+function feed(type: Feed['type'], data: Float32Array | BigInt64Array, dims: number[]): Feed {
+  return { type, data, dims };
+}
+
+interface Runner {
+  run(req: RunRequest): Promise<Record<string, Feed>>;
+  warm(kind: GraphKind): Promise<void>;
+  close?(): Promise<void>;
+}
+
+/** Runs graphs on a worker thread that owns the weights and sessions; requests and answers are messages. */
+class WorkerRunner implements Runner {
+  private worker: Worker | null = null;
+  private readonly pending = new Map<number, { resolve: (v: Record<string, Feed>) => void; reject: (e: Error) => void }>();
+  private nextId = 0;
+
+  constructor(private readonly config: ConstructorParameters<typeof GraphRunner>[0]) {}
+
+  run(req: RunRequest): Promise<Record<string, Feed>> {
+    return this.call({ run: req });
+  }
+
+  async warm(kind: GraphKind): Promise<void> {
+    await this.call({ warm: kind });
+  }
+
+  async close(): Promise<void> {
+    const w = this.worker;
+    this.worker = null;
+    if (w) await w.terminate();
+  }
+
+  private call(msg: { run?: RunRequest; warm?: GraphKind }): Promise<Record<string, Feed>> {
+    const worker = this.start();
+    const id = this.nextId++;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      if (this.pending.size === 1) worker.ref();
+      worker.postMessage({ id, ...msg });
+    });
+  }
+
+  private start(): Worker {
+    if (this.worker) return this.worker;
+    // From source (tests, tsx) the worker is TypeScript and starts through tsx's loader; built, it is plain JavaScript.
+    const fromSource = import.meta.url.endsWith('.ts');
+    const file = fileURLToPath(new URL(fromSource ? './engine-worker-source.mjs' : './engine-worker.js', import.meta.url));
+    const worker = new Worker(file, { workerData: this.config });
+    worker.unref();
+    worker.on('message', (msg: { id: number; outputs?: Record<string, Feed>; error?: { name: string; message: string } }) => {
+      const p = this.pending.get(msg.id);
+      if (!p) return;
+      this.pending.delete(msg.id);
+      if (this.pending.size === 0) worker.unref();
+      if (msg.error) {
+        const err = new Error(msg.error.message);
+        err.name = msg.error.name;
+        p.reject(err);
+      } else {
+        p.resolve(msg.outputs!);
+      }
+    });
+    worker.on('error', (err) => {
+      for (const p of this.pending.values()) p.reject(err);
+      this.pending.clear();
+      this.worker = null;
+    });
+    this.worker = worker;
+    return worker;
   }
 }
 

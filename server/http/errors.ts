@@ -61,11 +61,13 @@ export function installNotFoundHandler(app: FastifyInstance, routeOptions: Route
   });
 }
 
-/** Edit distance after filling the route's parameters with the path's own segments. */
+/** Edit distance after filling the route's parameters with the path's own segments; what a wildcard absorbs counts as edits. */
 function distance(path: string, route: string): number {
   const given = path.split('/');
-  const filled = route.split('/').map((seg, i) => (seg.startsWith(':') || seg === '*') && given[i] !== undefined ? given[i] : seg).join('/');
-  return levenshtein(path, filled);
+  const parts = route.split('/');
+  const wildcard = parts[parts.length - 1] === '*' ? given.slice(parts.length - 1).join('/').length : 0;
+  const filled = parts.map((seg, i) => (seg.startsWith(':') || seg === '*') && given[i] !== undefined ? given[i] : seg).join('/');
+  return levenshtein(path, wildcard ? `${filled}${path.slice(filled.length)}` : filled) + wildcard;
 }
 
 function levenshtein(a: string, b: string): number {

@@ -84,6 +84,10 @@ export function describeValidationErrors(errors: ErrorObject[], context: string)
       const expected = `${first.keyword === 'minLength' ? 'at least' : 'at most'} ${String(first.params.limit)} characters`;
       return { field: at, expected, message: `${at} must be ${expected} (got ${got}).` };
     }
+    case 'minItems': case 'maxItems': {
+      const expected = `${first.keyword === 'minItems' ? 'at least' : 'at most'} ${String(first.params.limit)} item${first.params.limit === 1 ? '' : 's'}`;
+      return { field: at, expected, message: `${at} must have ${expected} (got ${Array.isArray(first.data) ? first.data.length : got}).` };
+    }
     case 'format':
       return { field: at, expected: String(first.params.format), message: `${at} must be a valid ${String(first.params.format)} (got ${got}).` };
     default:

@@ -30,9 +30,15 @@ export function resolvePlane(core: LoopsCore, kind: PlaneKind, request: FastifyR
   const done = core.traffic.begin(deploymentId);
   const path = request.url.split('?')[0]!.split('/').slice(3).join('/');
   if (kind === 'trainer') core.fleet.touchRun(id);
-  reply.raw.once('close', () => {
+  // 'finish' when the answer went out, 'close' when the client left first: counted once either way.
+  let counted = false;
+  const count = () => {
+    if (counted) return;
+    counted = true;
     done(reply.statusCode, performance.now() - started);
     core.logs.add(deploymentId, reply.statusCode >= 400 ? 'WARNING' : 'INFO', `${request.method} /${path} -> ${reply.statusCode}`, `${kind}-0`, request.id);
-  });
+  };
+  reply.raw.once('finish', count);
+  reply.raw.once('close', count);
   return { record, caller };
 }

@@ -267,7 +267,7 @@ describe('checkpoints', () => {
     expect(Buffer.from(download.rawPayload)).toEqual(Buffer.from(fakeCheckpointFiles(2)[1]!.data));
     expect(download.rawPayload.length).toBe(file.size_bytes);
 
-    const tampered = file.url.slice(server.url.length).replace(/signature=./, 'signature=A');
+    const tampered = file.url.slice(server.url.length).replace(/signature=(.)/, (_: string, c: string) => `signature=${c === 'A' ? 'B' : 'A'}`);
     expect((await server.app.inject({ method: 'GET', url: tampered })).statusCode).toBe(403);
     const otherFile = file.url.slice(server.url.length).replace('adapter_model.safetensors', 'adapter_config.json');
     expect((await server.app.inject({ method: 'GET', url: otherFile })).statusCode).toBe(403);

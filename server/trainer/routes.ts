@@ -6,7 +6,7 @@ import { LoopsError } from '../core/errors.js';
 import type { RunRecord } from '../core/records.js';
 import { TRAINER_OPS, type TrainerOp } from '../core/trainers.js';
 import { sendError } from '../http/errors.js';
-import { resolvePlane } from '../planes/plane.js';
+import { resolvePlane, type PlaneTarget } from '../planes/plane.js';
 import {
   ForwardRequest, HealthResponse, InitRequest, LoadRequest, OperationIdResponse, OperationResponse, OptimStepRequest, PolicyVersionResponse,
   SaveForSamplerRequest, SaveRequest,
@@ -34,6 +34,13 @@ export interface TrainerPlaneOptions {
 /** The trainer of each run at `run.base_url` = `{public_url}/trainer/{run_id}`: submit-then-poll operations. */
 export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore, options: TrainerPlaneOptions): void {
   const app = appIn.withTypeProvider<TypeBoxTypeProvider>();
+  // Before validation, so that refused requests are counted and logged like any other.
+  app.decorateRequest('trainerTarget', null as never);
+  app.addHook('onRequest', async (req, reply) => {
+    const runId = (req.params as { run_id?: string }).run_id;
+    if (runId !== undefined) (req as unknown as { trainerTarget: PlaneTarget<RunRecord> }).trainerTarget = resolvePlane(core, 'trainer', req, reply, runId);
+  });
+  const target = (req: unknown) => (req as { trainerTarget: PlaneTarget<RunRecord> }).trainerTarget;
   const tags = ['trainer'];
   const activeRun = (run: RunRecord) => {
     if (run.status !== 'ACTIVE') {
@@ -45,8 +52,8 @@ export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore, options: 
   for (const op of TRAINER_OPS) {
     app.post(`/trainer/:run_id/${op}`, {
       schema: { tags, summary: `Submit ${op}; poll GET /trainer/{run_id}/operations/{operation_id} for its result`, params: RunParams, body: BODIES[op] as never, response: { 200: OperationIdResponse } },
-    }, (req, reply) => {
-      const { record, caller } = resolvePlane(core, 'trainer', req, reply, req.params.run_id);
+    }, (req) => {
+      const { record, caller } = target(req);
       const run = activeRun(record);
       const key = req.headers['idempotency-key'];
       const principal = caller ?? ownerOf(core, run);
@@ -58,7 +65,7 @@ export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore, options: 
   app.get('/trainer/:run_id/operations/:operation_id', {
     schema: { tags, summary: `Long-poll an operation: 200 done or error, 408 when the window (${options.longPollMs} ms) passes first, 404 unknown or expired, 503 shutting down`, params: OperationParams, response: { 200: OperationResponse } },
   }, async (req, reply) => {
-    const { record } = resolvePlane(core, 'trainer', req, reply, req.params.run_id);
+    const { record } = target(req);
     const op = core.operations.get(record.id, req.params.operation_id);
     if (!op) return sendError(reply, 404, 'not_found', `No operation '${req.params.operation_id}' on run ${record.id}: unknown, or its result expired. Resubmit with the same Idempotency-Key.`, { field: 'operation_id' });
     if (core.operations.isClosed) return sendError(reply, 503, 'shutting_down', 'The trainer is shutting down.');
@@ -76,14 +83,14 @@ export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore, options: 
   app.get('/trainer/:run_id/policy_version', {
     schema: { tags, summary: 'Optimizer steps applied so far', params: RunParams, response: { 200: PolicyVersionResponse } },
   }, (req, reply) => {
-    const { record } = resolvePlane(core, 'trainer', req, reply, req.params.run_id);
+    const { record } = target(req);
     return { policy_version: core.trainers.policyVersion(activeRun(record)) };
   });
 
   app.get('/trainer/:run_id/health', {
     schema: { tags, summary: '200 once the trainer is ready (after its cold start), 503 before', params: RunParams, response: { 200: HealthResponse } },
   }, (req, reply) => {
-    const { record } = resolvePlane(core, 'trainer', req, reply, req.params.run_id);
+    const { record } = target(req);
     const run = activeRun(record);
     if (!core.trainers.isReady(run)) {
       const retry = Math.max(1, Math.ceil(core.fleet.coldStartLeft(run) / 1000));
