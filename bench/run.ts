@@ -2,8 +2,10 @@ import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { benchControlPlane } from './control-plane.js';
 import { benchEngine } from './engine.js';
+import { benchTrainer } from './trainer.js';
 
 /** `npm run bench`: prints every figure the issues set targets for. */
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 await benchControlPlane(root);
+await benchTrainer(root);
 await benchEngine();

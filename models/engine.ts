@@ -1,6 +1,6 @@
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
-import { DeviceUnavailableError, GraphRunner, type Feed, type RunRequest } from './graph-runner.js';
+import { ADAPTER_CACHE_SIZE, DeviceUnavailableError, GraphRunner, type Feed, type RunRequest } from './graph-runner.js';
 import { DEFAULT_DIMS, loraSites, ROPE_BASE, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
 
 export { DeviceUnavailableError } from './graph-runner.js';
@@ -97,7 +97,7 @@ export class ModelEngine {
   async forward(seqs: ScoredSequence[], adapter: LoraAdapter): Promise<Float32Array[]> {
     const out: Float32Array[] = [];
     for (const chunk of this.chunks(seqs)) {
-      const result = await this.run('forward', { ...this.sequenceFeeds(chunk), ...this.loraFeeds(adapter) }, ['logprobs']);
+      const result = await this.run('forward', this.sequenceFeeds(chunk), ['logprobs'], adapter);
       out.push(...this.unpad(result.logprobs!, chunk));
     }
     return out;
@@ -109,8 +109,8 @@ export class ModelEngine {
     const top: { ids: number[]; logprobs: number[] }[][] = [];
     for (const chunk of this.chunks(seqs.map((s) => ({ ...s, scored: undefined })))) {
       const T = Math.max(...chunk.map((s) => s.tokens.length));
-      const feeds = { ...this.sequenceFeeds(chunk), ...this.loraFeeds(adapter), k: feed('int64', BigInt64Array.from([BigInt(k)]), [1]) };
-      const result = await this.run('topk', feeds, ['logprobs', 'topk_values', 'topk_indices']);
+      const feeds = { ...this.sequenceFeeds(chunk), k: feed('int64', BigInt64Array.from([BigInt(k)]), [1]) };
+      const result = await this.run('topk', feeds, ['logprobs', 'topk_values', 'topk_indices'], adapter);
       logprobs.push(...this.unpad(result.logprobs!, chunk));
       const values = result.topk_values!;
       const indices = result.topk_indices! as unknown as BigInt64Array;
@@ -133,8 +133,8 @@ export class ModelEngine {
       const c = new Float32Array(chunk.length * S);
       chunk.forEach((seq, b) => positionsOf(seq).forEach((t, k) => { c[b * S + k] = cotangents[start + b]![t]!; }));
       start += chunk.length;
-      const feeds = { ...this.sequenceFeeds(chunk), ...this.loraFeeds(adapter), cotangent: feed('float32', c, [chunk.length, S]) };
-      const result = await this.run('backward', feeds, ['logprobs', ...gradNames]);
+      const feeds = { ...this.sequenceFeeds(chunk), cotangent: feed('float32', c, [chunk.length, S]) };
+      const result = await this.run('backward', feeds, ['logprobs', ...gradNames], adapter);
       logprobs.push(...this.unpad(result.logprobs!, chunk));
       for (const name of gradNames) {
         const key = name.slice('grad.'.length);
@@ -162,14 +162,13 @@ export class ModelEngine {
       tokens: feed('int64', BigInt64Array.from(tokens.flat().map(BigInt)), [B, Tq]),
       attn_bias: feed('float32', causalBias(B, Tq, P, Array(B).fill(P + Tq)), [B, 1, Tq, P + Tq]),
       ...this.ropeFeeds(B, Tq, P),
-      ...this.loraFeeds(adapter),
     };
     for (let l = 0; l < this.dims.layers; l++) {
       feeds[`past_k.${l}`] = feed('float32', state?.past[2 * l] ?? new Float32Array(0), [B, heads, P, hd]);
       feeds[`past_v.${l}`] = feed('float32', state?.past[2 * l + 1] ?? new Float32Array(0), [B, heads, P, hd]);
     }
     const names = ['logits', ...Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat()];
-    const result = await this.run('decode', feeds, names);
+    const result = await this.run('decode', feeds, names, adapter);
     const past = names.slice(1).map((n) => result[n]!);
     return { logits: result.logits!, state: { past, batch: B, length: P + Tq } };
   }
@@ -187,13 +186,13 @@ export class ModelEngine {
     };
   }
 
-  private run(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[]): Promise<Record<string, Float32Array>> {
+  private run(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[], adapter: LoraAdapter): Promise<Record<string, Float32Array>> {
     // (topk_indices comes back as a BigInt64Array; callers that read it say so.)
     // Many scored positions: merge LoRA into the unembedding weight first (see GraphOptions).
     const scored = feeds.targets?.dims.reduce((p, n) => p * n, 1) ?? 0;
     const merged = kind !== 'decode' && scored >= MERGE_FROM_POSITIONS;
     const job = this.queue.then(async () => {
-      const result = await this.runner.run({ kind, merged, feeds, outputs });
+      const result = await this.runner.run({ kind, merged, feeds, outputs, adapter: { id: adapter.id, version: adapter.version, feeds: this.loraFeeds(adapter) } });
       return Object.fromEntries(outputs.map((n) => [n, result[n]!.data as Float32Array]));
     });
     this.queue = job.catch(() => undefined);
@@ -302,8 +301,23 @@ class WorkerRunner implements Runner {
 
   constructor(private readonly config: ConstructorParameters<typeof GraphRunner>[0]) {}
 
-  run(req: RunRequest): Promise<Record<string, Feed>> {
-    return this.call({ run: req });
+  /** (adapter id → version) the worker holds, in the same order as its own cache. */
+  private readonly sent = new Map<string, number>();
+
+  async run(req: RunRequest): Promise<Record<string, Feed>> {
+    const { id, version } = req.adapter;
+    const known = this.sent.get(id) === version;
+    try {
+      return await this.call({ run: known ? { ...req, adapter: { id, version } } : req });
+    } catch (err) {
+      if ((err as Error).name !== 'AdapterNotCachedError') throw err;
+      this.sent.delete(id);
+      return this.call({ run: req });
+    } finally {
+      this.sent.delete(id);
+      this.sent.set(id, version);
+      while (this.sent.size > ADAPTER_CACHE_SIZE) this.sent.delete(this.sent.keys().next().value!);
+    }
   }
 
   async warm(kind: GraphKind): Promise<void> {

@@ -21,7 +21,20 @@ export interface RunRequest {
   merged: boolean;
   feeds: Record<string, Feed>;
   outputs: string[];
+  /** The LoRA adapter's tensors; `feeds` may be left out when this runner already holds that (id, version). */
+  adapter: { id: string; version: number; feeds?: Record<string, Feed> };
 }
+
+/** The runner no longer holds the adapter version a request left out; the sender resends it with its tensors. */
+export class AdapterNotCachedError extends Error {
+  constructor() {
+    super('adapter not cached');
+    this.name = 'AdapterNotCachedError';
+  }
+}
+
+/** Adapters kept per runner: each holds rank × vocabulary floats for the unembedding alone. */
+export const ADAPTER_CACHE_SIZE = 8;
 
 /** `--device cuda` on a machine whose onnxruntime-node has no CUDA execution provider. */
 export class DeviceUnavailableError extends Error {
@@ -48,6 +61,8 @@ ort.env.logLevel = 'fatal';
 export class GraphRunner {
   private readonly baseFeeds: Record<string, ort.Tensor> = {};
   private readonly sessions = new Map<string, Promise<ort.InferenceSession>>();
+  /** Adapter tensors by adapter id, most recently used last. */
+  private readonly adapters = new Map<string, { version: number; tensors: Record<string, ort.Tensor> }>();
 
   constructor(private readonly config: RunnerConfig) {
     for (const w of baseWeights(config.modelName, config.dims)) this.baseFeeds[`base.${w.name}`] = new ort.Tensor('float32', w.data, w.shape);
@@ -55,13 +70,28 @@ export class GraphRunner {
 
   async run(req: RunRequest): Promise<Record<string, Feed>> {
     const session = await this.session(req.kind, req.merged);
-    const feeds: Record<string, ort.Tensor> = { ...this.baseFeeds };
+    const feeds: Record<string, ort.Tensor> = { ...this.baseFeeds, ...this.adapterTensors(req.adapter) };
     for (const [name, f] of Object.entries(req.feeds)) feeds[name] = new ort.Tensor(f.type, f.data, f.dims);
     const result = await session.run(feeds, req.outputs);
     return Object.fromEntries(req.outputs.map((n) => {
       const t = result[n]!;
       return [n, { type: t.type as Feed['type'], data: t.data as Float32Array | BigInt64Array, dims: [...t.dims] }];
     }));
+  }
+
+  private adapterTensors(a: RunRequest['adapter']): Record<string, ort.Tensor> {
+    const cached = this.adapters.get(a.id);
+    if (!a.feeds) {
+      if (!cached || cached.version !== a.version) throw new AdapterNotCachedError();
+      this.adapters.delete(a.id);
+      this.adapters.set(a.id, cached);
+      return cached.tensors;
+    }
+    const tensors = Object.fromEntries(Object.entries(a.feeds).map(([n, f]) => [n, new ort.Tensor(f.type, f.data, f.dims)]));
+    this.adapters.delete(a.id);
+    this.adapters.set(a.id, { version: a.version, tensors });
+    while (this.adapters.size > ADAPTER_CACHE_SIZE) this.adapters.delete(this.adapters.keys().next().value!);
+    return tensors;
   }
 
   async warm(kind: GraphKind): Promise<void> {

@@ -10,6 +10,10 @@ export interface LoraTensors {
 
 /** A LoRA adapter: for each site, x·W becomes x·W + (alpha/rank)·(x·A)·B. */
 export interface LoraAdapter {
+  /** Identity and version of the tensors' contents: the engine's worker keeps a copy per (id, version). */
+  id: string;
+  /** Bumped by every in-place change (an optimizer step); code that edits tensors by hand must call touchAdapter. */
+  version: number;
   rank: number;
   alpha: number;
   /** alpha / rank. */
@@ -18,6 +22,19 @@ export interface LoraAdapter {
 }
 
 export const DEFAULT_LORA_ALPHA = 32;
+
+/** Builds an adapter record around tensors (loaded from files, say). */
+export function adapterOf(rank: number, alpha: number, tensors: Map<string, LoraTensors>): LoraAdapter {
+  return { id: newAdapterId(), version: 0, rank, alpha, scale: alpha / rank, tensors };
+}
+
+let adapters = 0;
+const newAdapterId = () => `adapter-${process.pid}-${++adapters}`;
+
+/** Marks an adapter's tensors as changed in place. */
+export function touchAdapter(a: LoraAdapter): void {
+  a.version++;
+}
 
 /**
  * A fresh adapter: A drawn from the seed (uniform, bound 1/√in, as PEFT's
@@ -30,20 +47,20 @@ export function freshAdapter(sites: LoraSite[], rank: number, alpha: number, see
     const A = rng.fillUniform(new Float32Array(site.inDim * rank), 1 / Math.sqrt(3 * site.inDim));
     tensors.set(site.key, { A, B: new Float32Array(rank * site.outDim) });
   }
-  return { rank, alpha, scale: alpha / rank, tensors };
+  return { id: newAdapterId(), version: 0, rank, alpha, scale: alpha / rank, tensors };
 }
 
 /** The base model itself: a rank-1 adapter of zeros. */
 export function zeroAdapter(sites: LoraSite[]): LoraAdapter {
   const tensors = new Map<string, LoraTensors>();
   for (const site of sites) tensors.set(site.key, { A: new Float32Array(site.inDim), B: new Float32Array(site.outDim) });
-  return { rank: 1, alpha: 1, scale: 1, tensors };
+  return { id: newAdapterId(), version: 0, rank: 1, alpha: 1, scale: 1, tensors };
 }
 
 export function cloneAdapter(a: LoraAdapter): LoraAdapter {
   const tensors = new Map<string, LoraTensors>();
   for (const [k, t] of a.tensors) tensors.set(k, { A: t.A.slice(), B: t.B.slice() });
-  return { ...a, tensors };
+  return { ...a, id: newAdapterId(), version: 0, tensors };
 }
 
 /** Every trainable tensor, keyed `<site>.A` and `<site>.B`, in site order. */

@@ -1,4 +1,4 @@
-import type { LoraAdapter, LoraTensors } from './lora.js';
+import { adapterOf, type LoraAdapter, type LoraTensors } from './lora.js';
 import type { OptimizerState } from './optimizer.js';
 import { decodeSafetensors, encodeSafetensors, type NamedTensor } from './safetensors.js';
 import type { LoraSite } from './transformer.js';
@@ -95,7 +95,7 @@ export function readAdapter(files: Map<string, Uint8Array>, sites: LoraSite[], b
     }
     out.set(site.key, { A: transpose(A.data, rank, site.inDim), B: transpose(B.data, site.outDim, rank) });
   }
-  return { rank, alpha: config.lora_alpha, scale: config.lora_alpha / rank, tensors: out };
+  return adapterOf(rank, config.lora_alpha, out);
 }
 
 export function readOptimizer(files: Map<string, Uint8Array>): OptimizerState {

@@ -1,6 +1,6 @@
 import type { ModelEngine, ScoredSequence } from './engine.js';
 import { computeLoss, cotangentsNeedLogprobs, isRatioLoss, LossInputError, type LossDatum, type LossName, type Reduction } from './losses.js';
-import { cloneAdapter, DEFAULT_LORA_ALPHA, freshAdapter, parameters, type LoraAdapter } from './lora.js';
+import { cloneAdapter, DEFAULT_LORA_ALPHA, freshAdapter, parameters, touchAdapter, type LoraAdapter } from './lora.js';
 import { adamwStep, freshOptimizerState, type AdamParams, type OptimizerState } from './optimizer.js';
 import { adapterFiles, CheckpointLoadError, readAdapter, readOptimizer, stateFiles, type CheckpointFile } from './peft.js';
 
@@ -81,6 +81,7 @@ export class LoraTrainer {
     const params = parameters(this.adapter);
     const grads = this.grads ?? new Map();
     const metrics = adamwStep(params, grads, this.optimizer, hp);
+    touchAdapter(this.adapter);
     this.grads = null;
     return metrics;
   }

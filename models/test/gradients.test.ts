@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { ModelEngine } from '../engine.js';
 import { computeLoss, LOSS_CONFIG_DEFAULTS, LOSS_NAMES, type LossName } from '../losses.js';
-import { parameters } from '../lora.js';
+import { parameters, touchAdapter } from '../lora.js';
 import { LoraTrainer, type TrainingDatum } from '../trainer.js';
 
 /**
@@ -62,11 +62,15 @@ async function checkLoss(loss: LossName): Promise<string[]> {
     const dir = Float32Array.from(p, (_, i) => Math.cos(i * 0.71 + name.length));
     const orig = p.slice();
     const central = async (eps: number) => {
+      // In-place edits must bump the adapter's version: the engine's worker caches tensors per version.
       for (let i = 0; i < p.length; i++) p[i] = orig[i]! + eps * dir[i]!;
+      touchAdapter(trainer.adapter);
       const up = await lossAt();
       for (let i = 0; i < p.length; i++) p[i] = orig[i]! - eps * dir[i]!;
+      touchAdapter(trainer.adapter);
       const down = await lossAt();
       p.set(orig);
+      touchAdapter(trainer.adapter);
       return (up - down) / (2 * eps);
     };
     const fd = (4 * (await central(0.01)) - (await central(0.02))) / 3;

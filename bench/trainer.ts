@@ -1,0 +1,84 @@
+import { spawn } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import { join } from 'node:path';
+import { EnginePool } from '../models/index.js';
+import { datum, EVAL_TICKETS, prompt, TICKETS } from '../models/test/support-tickets.js';
+import { freePort } from './control-plane.js';
+
+/** Trainer-plane figures over HTTP from a real server process: operation overhead, and the campaign round's wall time. */
+const MODEL = 'Qwen/Qwen3.5-2B';
+const KEY = 'bench-key';
+
+export async function benchTrainer(root: string): Promise<void> {
+  const port = await freePort();
+  const base = `http://127.0.0.1:${port}`;
+  const child = spawn(process.execPath, [join(root, 'dist', 'server', 'cli.js'), '--port', String(port)], { stdio: 'ignore' });
+  try {
+    for (let i = 0; ; i++) {
+      try { if ((await fetch(`${base}/v1/loops/capabilities`, { headers: { authorization: `Bearer ${KEY}` } })).ok) break; } catch { /* starting */ }
+      if (i > 2000) throw new Error('server did not start');
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    const call = async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => {
+      const res = await fetch(`${base}${path}`, { method, headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json', ...headers }, body: body === undefined ? (method === 'POST' ? '{}' : undefined) : JSON.stringify(body) });
+      return res.json() as Promise<any>;
+    };
+    const op = async (trainer: string, name: string, body: unknown) => {
+      const { operation_id } = await call('POST', `${trainer}/${name}`, body, { 'idempotency-key': randomUUID() });
+      for (;;) {
+        const res = await fetch(`${base}${trainer}/operations/${operation_id}`, { headers: { authorization: `Bearer ${KEY}` } });
+        if (res.status === 408) continue;
+        const polled = await res.json() as any;
+        if (polled.status !== 'done') throw new Error(`${name}: ${JSON.stringify(polled)}`);
+        return polled.result;
+      }
+    };
+    const session = (await call('POST', '/v1/loops/sessions')).session.id;
+    const run = (await call('POST', '/v1/loops/runs', { session_id: session, base_model: MODEL, lora_rank: 16, seed: 42, max_seq_len: 1024 })).run;
+    const trainer = new URL(run.base_url).pathname;
+
+    const oneToken = { data: [{ model_input: { chunks: [{ type: 'encoded_text', tokens: [1] }] } }], loss_fn: 'cross_entropy' };
+    for (let i = 0; i < 20; i++) await op(trainer, 'forward', oneToken);
+    const times: number[] = [];
+    for (let i = 0; i < 200; i++) {
+      const t = performance.now();
+      await op(trainer, 'forward', oneToken);
+      times.push(performance.now() - t);
+    }
+    times.sort((a, b) => a - b);
+    console.log(`trainer: operation overhead (submit + retrieve a one-token forward, HTTP): p50 ${times[100]!.toFixed(2)} ms, p99 ${times[198]!.toFixed(2)} ms (target p50 < 2 ms)`);
+
+    const tok = new EnginePool().tokenizers.get(MODEL);
+    const wire = (list: [string, string][]) => list.map(([t, l]) => {
+      const d = datum(tok, t, l);
+      return { model_input: { chunks: [{ type: 'encoded_text', tokens: d.tokens }] }, loss_fn_inputs: { target_tokens: { data: d.targetTokens, dtype: 'int64', shape: [d.tokens.length] } } };
+    });
+    const train = wire(TICKETS);
+    const evalSet = wire(EVAL_TICKETS);
+    const round = async () => {
+      const started = performance.now();
+      const s = (await call('POST', '/v1/loops/sessions')).session.id;
+      const r = (await call('POST', '/v1/loops/trainers', { session_id: s, base_model: MODEL, lora_rank: 16, seed: 42, max_seq_len: 1024, name: 'campaign' })).run;
+      const t = new URL(r.base_url).pathname;
+      await call('GET', `${t}/health`);
+      await op(t, 'forward', { data: evalSet, loss_fn: 'cross_entropy' });
+      for (let epoch = 0; epoch < 2; epoch++) {
+        await op(t, 'forward_backward', { data: train, loss_fn: 'cross_entropy' });
+        await op(t, 'optim_step', { adam_params: { learning_rate: 4e-5 } });
+      }
+      await op(t, 'forward', { data: evalSet, loss_fn: 'cross_entropy' });
+      await op(t, 'save_state', { name: 'final' });
+      await op(t, 'save_weights_for_sampler', { name: 'final' });
+      await call('GET', `/v1/loops/checkpoints?run_id=${r.id}`);
+      const runs = (await call('GET', '/v1/loops/runs')).runs.filter((x: any) => x.session_id === s);
+      for (const x of runs) await call('POST', `/v1/loops/runs/${x.id}/deactivate`);
+      return performance.now() - started;
+    };
+    const first = await round();
+    const warm = await round();
+    console.log(`trainer: campaign round through HTTP (trainer created, baseline, 2 steps, eval, save_state, save_weights_for_sampler, cleanup): ${warm.toFixed(0)} ms (first ${first.toFixed(0)} ms; target < 1000 ms; sampling excluded until the sampler plane exists)`);
+    void prompt;
+  } finally {
+    child.kill('SIGTERM');
+  }
+}
