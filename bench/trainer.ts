@@ -1,9 +1,25 @@
 import { spawn } from 'node:child_process';
+import { Agent, request } from 'node:http';
 import { randomUUID } from 'node:crypto';
 import { join } from 'node:path';
 import { EnginePool } from '../models/index.js';
 import { datum, EVAL_TICKETS, prompt, TICKETS } from '../models/test/support-tickets.js';
 import { freePort } from './control-plane.js';
+
+const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+
+/** A lean keep-alive HTTP client: the figures should be the server's, not fetch's (about 1 ms a request on its own). */
+function send(base: string, method: string, path: string, body?: string, headers: Record<string, string> = {}): Promise<{ status: number; json: any }> {
+  return new Promise((resolve, reject) => {
+    const req = request(`${base}${path}`, { method, agent, headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json', ...headers } }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode!, json: JSON.parse(Buffer.concat(chunks).toString() || 'null') }));
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
 
 /** Trainer-plane figures over HTTP from a real server process: operation overhead, and the campaign round's wall time. */
 const MODEL = 'Qwen/Qwen3.5-2B';
@@ -19,18 +35,15 @@ export async function benchTrainer(root: string): Promise<void> {
       if (i > 2000) throw new Error('server did not start');
       await new Promise((r) => setTimeout(r, 5));
     }
-    const call = async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => {
-      const res = await fetch(`${base}${path}`, { method, headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json', ...headers }, body: body === undefined ? (method === 'POST' ? '{}' : undefined) : JSON.stringify(body) });
-      return res.json() as Promise<any>;
-    };
+    const call = async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) =>
+      (await send(base, method, path, body === undefined ? (method === 'POST' ? '{}' : undefined) : JSON.stringify(body), headers)).json;
     const op = async (trainer: string, name: string, body: unknown) => {
       const { operation_id } = await call('POST', `${trainer}/${name}`, body, { 'idempotency-key': randomUUID() });
       for (;;) {
-        const res = await fetch(`${base}${trainer}/operations/${operation_id}`, { headers: { authorization: `Bearer ${KEY}` } });
+        const res = await send(base, 'GET', `${trainer}/operations/${operation_id}`);
         if (res.status === 408) continue;
-        const polled = await res.json() as any;
-        if (polled.status !== 'done') throw new Error(`${name}: ${JSON.stringify(polled)}`);
-        return polled.result;
+        if (res.json.status !== 'done') throw new Error(`${name}: ${JSON.stringify(res.json)}`);
+        return res.json.result;
       }
     };
     const session = (await call('POST', '/v1/loops/sessions')).session.id;
@@ -46,6 +59,14 @@ export async function benchTrainer(root: string): Promise<void> {
       times.push(performance.now() - t);
     }
     times.sort((a, b) => a - b);
+    const plain: number[] = [];
+    for (let i = 0; i < 200; i++) {
+      const t = performance.now();
+      await send(base, 'GET', `${trainer}/policy_version`);
+      plain.push(performance.now() - t);
+    }
+    plain.sort((a, b) => a - b);
+    console.log(`trainer: one plain GET /policy_version with the same client: p50 ${plain[100]!.toFixed(2)} ms (the floor of one request/response here)`);
     console.log(`trainer: operation overhead (submit + retrieve a one-token forward, HTTP): p50 ${times[100]!.toFixed(2)} ms, p99 ${times[198]!.toFixed(2)} ms (target p50 < 2 ms)`);
 
     const tok = new EnginePool().tokenizers.get(MODEL);
@@ -79,6 +100,7 @@ export async function benchTrainer(root: string): Promise<void> {
     console.log(`trainer: campaign round through HTTP (trainer created, baseline, 2 steps, eval, save_state, save_weights_for_sampler, cleanup): ${warm.toFixed(0)} ms (first ${first.toFixed(0)} ms; target < 1000 ms; sampling excluded until the sampler plane exists)`);
     void prompt;
   } finally {
+    agent.destroy();
     child.kill('SIGTERM');
   }
 }

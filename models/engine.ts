@@ -97,6 +97,11 @@ export class ModelEngine {
   async forward(seqs: ScoredSequence[], adapter: LoraAdapter): Promise<Float32Array[]> {
     const out: Float32Array[] = [];
     for (const chunk of this.chunks(seqs)) {
+      // Nothing scored (a lone token, or every target -100): every logprob is 0 and no graph needs to run.
+      if (chunk.every((s) => s.scored?.length === 0)) {
+        out.push(...chunk.map((s) => new Float32Array(s.tokens.length)));
+        continue;
+      }
       const result = await this.run('forward', this.sequenceFeeds(chunk), ['logprobs'], adapter);
       out.push(...this.unpad(result.logprobs!, chunk));
     }
@@ -129,6 +134,12 @@ export class ModelEngine {
     const gradNames = this.sites.flatMap((s) => [`grad.${s.key}.A`, `grad.${s.key}.B`]);
     let start = 0;
     for (const chunk of this.chunks(seqs)) {
+      if (chunk.every((s) => s.scored?.length === 0)) {
+        // Nothing scored: logprobs 0 and no gradient from this chunk.
+        logprobs.push(...chunk.map((s) => new Float32Array(s.tokens.length)));
+        start += chunk.length;
+        continue;
+      }
       const S = Math.max(...chunk.map(scoredCount));
       const c = new Float32Array(chunk.length * S);
       chunk.forEach((seq, b) => positionsOf(seq).forEach((t, k) => { c[b * S + k] = cotangents[start + b]![t]!; }));
@@ -143,6 +154,10 @@ export class ModelEngine {
         if (!acc) grads.set(key, g);
         else for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!;
       }
+    }
+    for (const site of this.sites) {
+      if (!grads.has(`${site.key}.A`)) grads.set(`${site.key}.A`, new Float32Array(site.inDim * adapter.rank));
+      if (!grads.has(`${site.key}.B`)) grads.set(`${site.key}.B`, new Float32Array(adapter.rank * site.outDim));
     }
     return { logprobs, grads };
   }
