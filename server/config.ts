@@ -24,6 +24,10 @@ export interface ServerOptions {
   samplerReplicas: number;
   /** Lifetime of presigned checkpoint-file URLs. */
   presignTtlSeconds: number;
+  /** Per-replica delay before a published adapter goes live (the last value repeats). */
+  weightSyncDelayMs: number[];
+  /** How long a sampling request below its version floor waits before 408. */
+  floorWaitMs: number;
   /** Long-poll window of operation polls (under the clients' 30 s). */
   longPollMs: number;
   /** How long a finished operation's result stays retrievable. */
@@ -46,6 +50,8 @@ export const DEFAULTS: ServerOptions = {
   presignTtlSeconds: 3600,
   device: 'cpu',
   tokenizers: {},
+  weightSyncDelayMs: [0],
+  floorWaitMs: 2000,
   longPollMs: 25_000,
   operationTtlMs: 600_000,
 };
@@ -96,6 +102,11 @@ export const FLAGS: Record<string, FlagSpec> = {
   'cold-start-ms': { help: 'time for a new trainer or sampler to become ready (default 0)', set: (o, v) => { o.coldStartMs = integer('cold-start-ms', 0, 86_400_000)(v); } },
   'deactivation-ms': { help: 'time a sampler stays DEACTIVATING (default 0)', set: (o, v) => { o.deactivationMs = integer('deactivation-ms', 0, 86_400_000)(v); } },
   'sampler-replicas': { help: 'replicas per sampler (default 1)', set: (o, v) => { o.samplerReplicas = integer('sampler-replicas', 1, 64)(v); } },
+  'weight-sync-delay-ms': {
+    help: 'delay before a sampler replica makes published weights live; a comma list gives each replica its own (default 0)',
+    set: (o, v) => { o.weightSyncDelayMs = v.split(',').map((x) => integer('weight-sync-delay-ms', 0, 86_400_000)(x.trim())); },
+  },
+  'floor-wait-ms': { help: 'how long a sampling request below X-Min-Policy-Version waits for a replica before 408 (default 2000)', set: (o, v) => { o.floorWaitMs = integer('floor-wait-ms', 0, 600_000)(v); } },
   'long-poll-ms': { help: 'long-poll window of GET .../operations/{id}, then 408 (default 25000, below 30000)', set: (o, v) => { o.longPollMs = integer('long-poll-ms', 1, 29_999)(v); } },
   'operation-ttl-ms': { help: 'how long a finished operation stays retrievable, then 404 (default 600000)', set: (o, v) => { o.operationTtlMs = integer('operation-ttl-ms', 1, 7 * 86_400_000)(v); } },
   device: {

@@ -61,7 +61,7 @@ async function prepareEngines(options: ServerOptions): Promise<EnginePool> {
 
 /** Starts a loops-mock server. Options are the CLI flags in camelCase; `port: 0` picks a free port. */
 export async function startServer(overrides: StartOptions = {}): Promise<RunningServer> {
-  const options: ServerOptions = { ...DEFAULTS, ...overrides, apiKeys: overrides.apiKeys ?? [], tokenizers: overrides.tokenizers ?? {} };
+  const options: ServerOptions = { ...DEFAULTS, ...overrides, apiKeys: overrides.apiKeys ?? [], tokenizers: overrides.tokenizers ?? {}, weightSyncDelayMs: overrides.weightSyncDelayMs ?? DEFAULTS.weightSyncDelayMs };
   const engines = await prepareEngines(options);
   const core = new LoopsCore({
     engines,
@@ -73,6 +73,7 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
     samplerReplicas: options.samplerReplicas,
     presignTtlMs: options.presignTtlSeconds * 1000,
     operationTtlMs: options.operationTtlMs,
+    sampling: { weightSyncDelayMs: options.weightSyncDelayMs, floorWaitMs: options.floorWaitMs },
   });
   let publicUrl = options.publicUrl ?? '';
   let app: FastifyInstance;

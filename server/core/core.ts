@@ -7,6 +7,7 @@ import { Fleet } from './fleet.js';
 import { Operations } from './operations.js';
 import { SamplerWeights } from './sampler-weights.js';
 import { Trainers } from './trainers.js';
+import { Sampling, type SamplingOptions } from './sampling.js';
 import { Store } from './store.js';
 import { Traffic } from './traffic.js';
 import { UserConfigs } from './user-config.js';
@@ -22,6 +23,8 @@ export interface CoreOptions {
   samplerReplicas?: number;
   /** How long a presigned checkpoint-file URL stays valid. */
   presignTtlMs?: number;
+  /** Sampler replicas: weight-sync delay per replica, floor wait, max_tokens limit. */
+  sampling?: Partial<SamplingOptions>;
   /** How long a finished operation's result stays retrievable (default 10 minutes). */
   operationTtlMs?: number;
   /** The model engines' compute: built lazily, one per base model, on first training or sampling. */
@@ -45,6 +48,7 @@ export class LoopsCore {
   readonly operations: Operations;
   readonly samplerWeights: SamplerWeights;
   readonly trainers: Trainers;
+  readonly sampling: Sampling;
   private closed = false;
 
   constructor(options: CoreOptions = {}) {
@@ -64,6 +68,11 @@ export class LoopsCore {
     this.operations = new Operations(this.clock, { ttlMs: options.operationTtlMs ?? 600_000 });
     this.samplerWeights = new SamplerWeights();
     this.trainers = new Trainers(this.fleet, this.checkpoints, this.engines, this.operations, this.samplerWeights);
+    this.sampling = new Sampling(this.fleet, this.checkpoints, this.engines, this.samplerWeights, this.clock, {
+      weightSyncDelayMs: options.sampling?.weightSyncDelayMs ?? [0],
+      floorWaitMs: options.sampling?.floorWaitMs ?? 2000,
+      maxTokensLimit: options.sampling?.maxTokensLimit ?? 4096,
+    });
   }
 
   /** Stops accepting work: long polls answer 503 from now on. */

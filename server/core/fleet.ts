@@ -312,6 +312,22 @@ export class Fleet {
     return run?.deployment_id ?? id;
   }
 
+  /** A request to a SCALED_TO_ZERO sampler wakes it: WAKING_UP, then ACTIVE after the cold start. */
+  wakeSampler(s: SamplerRecord): void {
+    if (s.status !== 'SCALED_TO_ZERO') return;
+    s.status = 'WAKING_UP';
+    this.putSampler(s);
+    this.logSampler(s, 'INFO', `Sampler ${s.id} WAKING_UP: a request arrived`);
+    const ready = () => {
+      if (s.status !== 'WAKING_UP') return;
+      s.status = 'ACTIVE';
+      this.putSampler(s);
+      this.logSampler(s, 'INFO', `Sampler ${s.id} is ACTIVE`);
+    };
+    if (this.options.coldStartMs > 0) this.after(this.options.coldStartMs, ready);
+    else ready();
+  }
+
   /** A sampler through the generic model-deployment API (`/v1/models/{model_id}/deployments/{deployment_id}`). */
   getModelDeployment(p: Principal, modelId: string, deploymentId: string): SamplerRecord {
     for (const s of this.samplers.values()) {

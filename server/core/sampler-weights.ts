@@ -15,10 +15,18 @@ export interface Publication {
  */
 export class SamplerWeights {
   private readonly latest = new Map<string, Publication>();
+  private readonly listeners: ((samplerId: string, publication: Publication) => void)[] = [];
+
+  /** Called on every accepted publication (the sampler replicas start syncing it). */
+  onPublish(listener: (samplerId: string, publication: Publication) => void): void {
+    this.listeners.push(listener);
+  }
 
   publish(samplerId: string, publication: Publication): void {
     const current = this.latest.get(samplerId);
-    if (!current || publication.version >= current.version) this.latest.set(samplerId, publication);
+    if (current && publication.version < current.version) return;
+    this.latest.set(samplerId, publication);
+    for (const l of this.listeners) l(samplerId, publication);
   }
 
   get(samplerId: string): Publication | undefined {

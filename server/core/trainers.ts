@@ -5,7 +5,7 @@ import {
 } from '../../models/index.js';
 import { MAX_LORA_RANK, type Fleet } from './fleet.js';
 import type { Checkpoints } from './checkpoints.js';
-import { assertSafeCheckpointName } from './checkpoints.js';
+import { assertSafeCheckpointName, parseCheckpointPath } from './checkpoints.js';
 import { invalid, LoopsError } from './errors.js';
 import { OperationFailure, type Operation, type Operations } from './operations.js';
 import type { Principal, RunRecord } from './records.js';
@@ -221,7 +221,8 @@ export class Trainers {
         const engine = this.engines.get(run.base_model);
         const trainer = new LoraTrainer(engine, run.lora_rank, 32, run.seed ?? seedOf(run.id));
         if (run.path) {
-          const c = this.checkpoints.find(...locate(run.path));
+          const where = parseCheckpointPath(run.path, 'path');
+          const c = this.checkpoints.find(where.runId, where.target, where.name);
           if (c) trainer.load(this.checkpoints.readFiles(c), false);
         }
         s.trainer = trainer;
@@ -258,7 +259,3 @@ function seedOf(runId: string): number {
   return createHash('sha256').update(runId).digest().readUInt32LE(0);
 }
 
-function locate(path: string): [string, 'trainer' | 'sampler', string] {
-  const m = /^bt:\/\/loops:([^/]+)\/(weights|sampler_weights)\/(.+)$/.exec(path)!;
-  return [m[1]!, m[2] === 'weights' ? 'trainer' : 'sampler', m[3]!];
-}

@@ -10,7 +10,7 @@ import { deploymentRoutes } from '../control/deployments.js';
 import { samplerRoutes } from '../control/samplers.js';
 import { sessionAndRunRoutes } from '../control/sessions-runs.js';
 import { Views } from '../control/views.js';
-import { notBuiltSamplerPlane } from '../planes/not-built.js';
+import { samplerPlaneRoutes } from '../sampler/routes.js';
 import { trainerRoutes } from '../trainer/routes.js';
 import { VERSION } from '../version.js';
 import { apiKeyOf, requirePrincipal } from './auth.js';
@@ -99,7 +99,7 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
   });
 
   await app.register(async (trainer) => trainerRoutes(trainer, core, { longPollMs: options.longPollMs }));
-  await app.register(async (sampler) => notBuiltSamplerPlane(sampler, core));
+  await app.register(async (sampler) => samplerPlaneRoutes(sampler, core));
 
   app.get('/openapi.json', { schema: { hide: true } as object }, () => buildOpenApi(routes, VERSION, options.publicUrl()));
 

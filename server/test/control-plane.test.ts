@@ -377,11 +377,7 @@ describe('every response', () => {
     expect(doc.paths['/v1/loops/runs'].post.requestBody.content['application/json'].schema.required).toEqual(['session_id', 'base_model']);
   });
 
-  it('answers the sampler plane with a clear 501 until it is built, 404 for unknown ids', async () => {
-    const run = await newRun(api);
-    const sampler = await server.app.inject({ method: 'POST', url: `/sampler/${run.sampler.id}/sample`, payload: {} });
-    expect(sampler.statusCode).toBe(501);
-    expect(sampler.json().error).toMatchObject({ type: 'not_implemented', surface: 'sampler' });
+  it('answers unknown trainer and sampler ids with 404', async () => {
     expect((await server.app.inject({ method: 'GET', url: '/trainer/zzzzzzz/health' })).statusCode).toBe(404);
     expect((await server.app.inject({ method: 'GET', url: '/sampler/zzzzzzz/health' })).statusCode).toBe(404);
   });

@@ -1,0 +1,205 @@
+import { createHash } from 'node:crypto';
+import { readAdapter, sampleSequences, zeroAdapter, type EnginePool, type LoraAdapter, type SampledSequence, type SamplingParams } from '../../models/index.js';
+import { parseCheckpointPath, type Checkpoints } from './checkpoints.js';
+import type { Clock, Timer } from './clock.js';
+import { invalid, LoopsError } from './errors.js';
+import type { Fleet } from './fleet.js';
+import type { SamplerRecord } from './records.js';
+import type { Publication, SamplerWeights } from './sampler-weights.js';
+
+export interface SamplingOptions {
+  /** Delay before a replica makes a publication live, per replica (the last value repeats). */
+  weightSyncDelayMs: number[];
+  /** How long a request below its floor waits for a replica to catch up before 408. */
+  floorWaitMs: number;
+  /** Largest max_tokens a request may ask for. */
+  maxTokensLimit: number;
+}
+
+interface Replica {
+  index: number;
+  liveVersion: number;
+  adapter: LoraAdapter | null;
+  /** Publication being synced, with its timer. */
+  syncing: { version: number; timer: Timer } | null;
+}
+
+interface SamplerState {
+  replicas: Replica[];
+  /** Wakes requests waiting for a replica to reach their floor. */
+  waiters: Set<() => void>;
+  roundRobin: number;
+}
+
+export interface ReplicaView {
+  replica: number;
+  policy_version: number;
+}
+
+export interface FloorMiss {
+  floor: number;
+  replicas: ReplicaView[];
+  published_version: number;
+  /** The floor is above anything the trainer has published: waiting cannot help. */
+  unreachable: boolean;
+  retry_after_s: number;
+}
+
+/** A request that found no replica at or above its floor in time (HTTP 408). */
+export class FloorNotReached extends Error {
+  constructor(readonly miss: FloorMiss) {
+    super(miss.unreachable
+      ? `X-Min-Policy-Version ${miss.floor} is above anything published to this sampler (latest ${miss.published_version}): publish with save_weights_for_sampler first.`
+      : `No replica has reached policy version ${miss.floor} yet (replicas at ${miss.replicas.map((r) => r.policy_version).join(', ')}); retry.`);
+  }
+}
+
+export interface Served<T> {
+  value: T;
+  policyVersion: number;
+  replica: number;
+}
+
+/**
+ * The samplers' replicas: each holds a live adapter and its policy version,
+ * syncs publications after its own delay (versions only move forward), and
+ * serves requests that meet their version floor.
+ */
+export class Sampling {
+  private readonly states = new Map<string, SamplerState>();
+
+  constructor(
+    private readonly fleet: Fleet,
+    private readonly checkpoints: Checkpoints,
+    private readonly engines: EnginePool,
+    private readonly weights: SamplerWeights,
+    private readonly clock: Clock,
+    private readonly options: SamplingOptions,
+  ) {
+    weights.onPublish((samplerId, publication) => this.sync(samplerId, publication));
+  }
+
+  replicas(s: SamplerRecord): ReplicaView[] {
+    return this.state(s).replicas.map((r) => ({ replica: r.index, policy_version: r.liveVersion }));
+  }
+
+  publishedVersion(s: SamplerRecord): number {
+    return this.weights.version(s.id);
+  }
+
+  /** Live adapters, for /v1/models: each replica's distinct live version. */
+  liveVersions(s: SamplerRecord): number[] {
+    return [...new Set(this.state(s).replicas.filter((r) => r.adapter).map((r) => r.liveVersion))].sort((a, b) => a - b);
+  }
+
+  /**
+   * Runs `work` on a replica whose live version is at least `floor` (the
+   * affinity key's replica when given), waiting up to the floor wait for one.
+   */
+  async serve<T>(s: SamplerRecord, floor: number | undefined, affinityKey: string | undefined, work: (adapter: LoraAdapter) => Promise<T>): Promise<Served<T>> {
+    const state = this.state(s);
+    const pinned = affinityKey === undefined ? undefined : state.replicas[stableHash(affinityKey) % state.replicas.length]!;
+    const pick = (): Replica | undefined => {
+      if (pinned) return floor === undefined || pinned.liveVersion >= floor ? pinned : undefined;
+      const ok = state.replicas.filter((r) => floor === undefined || r.liveVersion >= floor);
+      if (!ok.length) return undefined;
+      return ok[state.roundRobin++ % ok.length];
+    };
+    let replica = pick();
+    if (!replica) {
+      const published = this.weights.version(s.id);
+      if (floor! > published) throw new FloorNotReached(this.miss(s, floor!, true));
+      replica = await new Promise<Replica | undefined>((resolve) => {
+        const check = () => {
+          const r = pick();
+          if (r) { done(); resolve(r); }
+        };
+        const timer = this.clock.setTimer(this.options.floorWaitMs, () => { done(); resolve(undefined); });
+        const done = () => { state.waiters.delete(check); timer.cancel(); };
+        state.waiters.add(check);
+      });
+      if (!replica) throw new FloorNotReached(this.miss(s, floor!, false));
+    }
+    // The adapter as it is at the start of the request: a sync mid-request does not mix versions.
+    const version = replica.liveVersion;
+    const adapter = replica.adapter ?? zeroAdapter(this.engines.get(s.base_model).sites);
+    const value = await work(adapter);
+    return { value, policyVersion: version, replica: replica.index };
+  }
+
+  /** Samples `n` sequences of one prompt. */
+  sample(s: SamplerRecord, adapter: LoraAdapter, prompt: number[], n: number, params: SamplingParams): Promise<SampledSequence[]> {
+    const engine = this.engines.get(s.base_model);
+    return sampleSequences(engine, adapter, prompt, n, params, this.engines.tokenizers.get(s.base_model));
+  }
+
+  checkTokens(s: SamplerRecord, tokens: number[], field: string): void {
+    const vocab = this.engines.vocabSize(s.base_model);
+    const bad = tokens.findIndex((t) => !Number.isInteger(t) || t < 0 || t >= vocab);
+    if (bad >= 0) throw invalid(`${field} token ${tokens[bad]} at position ${bad} is outside ${s.base_model}'s vocabulary (0..${vocab - 1}).`, { field });
+    if (tokens.length > s.max_seq_length) throw invalid(`${field} has ${tokens.length} tokens; this sampler's max_seq_length is ${s.max_seq_length}.`, { field });
+  }
+
+  get maxTokensLimit(): number {
+    return this.options.maxTokensLimit;
+  }
+
+  private miss(s: SamplerRecord, floor: number, unreachable: boolean): FloorMiss {
+    return { floor, replicas: this.replicas(s), published_version: this.weights.version(s.id), unreachable, retry_after_s: Math.max(1, Math.ceil(Math.max(...this.options.weightSyncDelayMs, 0) / 1000)) };
+  }
+
+  private state(s: SamplerRecord): SamplerState {
+    let state = this.states.get(s.id);
+    if (!state) {
+      state = { replicas: Array.from({ length: s.replicas }, (_, index) => ({ index, liveVersion: 0, adapter: null, syncing: null })), waiters: new Set(), roundRobin: 0 };
+      this.states.set(s.id, state);
+      // A standalone sampler of a checkpoint serves that adapter from the start.
+      if (s.model_path) {
+        const where = parseCheckpointPath(s.model_path, 'model_path');
+        const c = this.checkpoints.find(where.runId, where.target, where.name);
+        if (c) {
+          const adapter = readAdapter(this.checkpoints.readFiles(c), this.engines.get(s.base_model).sites, s.base_model);
+          for (const r of state.replicas) r.adapter = adapter;
+        }
+      }
+      // Weights published before the replicas existed are live on all of them.
+      const latest = this.weights.get(s.id);
+      if (latest) for (const r of state.replicas) { r.adapter = latest.adapter; r.liveVersion = latest.version; }
+    }
+    return state;
+  }
+
+  /** Each replica makes a publication live after its own delay; a newer one supersedes an older one still syncing. */
+  private sync(samplerId: string, publication: Publication): void {
+    const s = this.fleet.findSampler(samplerId);
+    if (!s || !this.states.has(samplerId)) return; // state() picks up the latest publication when first used
+    const state = this.states.get(samplerId)!;
+    for (const replica of state.replicas) {
+      if (publication.version < replica.liveVersion) continue;
+      if (replica.syncing && replica.syncing.version > publication.version) continue;
+      replica.syncing?.timer.cancel();
+      const delays = this.options.weightSyncDelayMs;
+      const delay = delays[Math.min(replica.index, delays.length - 1)] ?? 0;
+      const goLive = () => {
+        replica.syncing = null;
+        if (publication.version < replica.liveVersion) return;
+        replica.adapter = publication.adapter;
+        replica.liveVersion = publication.version;
+        for (const w of [...state.waiters]) w();
+      };
+      if (delay <= 0) goLive();
+      else replica.syncing = { version: publication.version, timer: this.clock.setTimer(delay, goLive) };
+    }
+  }
+}
+
+export function samplerGate(s: SamplerRecord): void {
+  if (s.deleted || s.status === 'INACTIVE' || s.status === 'DEACTIVATING' || s.status === 'FAILED') {
+    throw new LoopsError('conflict', `Sampler ${s.id} is ${s.deleted ? 'deleted' : s.status}: it no longer serves requests. Create a new sampler (POST /v1/loops/samplers).`, { type_detail: 'sampler_inactive', sampler_id: s.id });
+  }
+}
+
+function stableHash(key: string): number {
+  return createHash('sha256').update(key).digest().readUInt32LE(0);
+}
+
