@@ -1,0 +1,62 @@
+import { spawn } from 'node:child_process';
+import { Agent, request } from 'node:http';
+import { join } from 'node:path';
+import { freePort } from './control-plane.js';
+
+/** Sampler-plane figures over HTTP from a real server process: throughput with 1 and 8 clients, latency of a 16-token sample. */
+const MODEL = 'Qwen/Qwen3.5-2B';
+const KEY = 'bench-key';
+const DURATION_MS = Number(process.env.BENCH_DURATION_S ?? 5) * 1000;
+
+export async function benchSampler(root: string): Promise<void> {
+  const port = await freePort();
+  const base = `http://127.0.0.1:${port}`;
+  const agent = new Agent({ keepAlive: true, maxSockets: 16 });
+  const send = (method: string, path: string, body?: unknown): Promise<any> => new Promise((resolve, reject) => {
+    const req = request(`${base}${path}`, { method, agent, headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' } }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve(JSON.parse(Buffer.concat(chunks).toString() || 'null')));
+    });
+    req.on('error', reject);
+    req.end(body === undefined ? (method === 'POST' ? '{}' : undefined) : JSON.stringify(body));
+  });
+  const child = spawn(process.execPath, [join(root, 'dist', 'server', 'cli.js'), '--port', String(port)], { stdio: 'ignore' });
+  try {
+    for (let i = 0; ; i++) {
+      try { if ((await fetch(`${base}/v1/loops/capabilities`, { headers: { authorization: `Bearer ${KEY}` } })).ok) break; } catch { /* starting */ }
+      if (i > 2000) throw new Error('server did not start');
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    const session = (await send('POST', '/v1/loops/sessions')).session.id;
+    const run = (await send('POST', '/v1/loops/runs', { session_id: session, base_model: MODEL, lora_rank: 16 })).run;
+    const sampler = new URL(run.sampler.base_url).pathname;
+    const body = { prompt: { chunks: [{ type: 'encoded_text', tokens: Array.from({ length: 32 }, (_, i) => 100 + i) }] }, num_samples: 1, sampling_params: { max_tokens: 16, temperature: 1, top_p: 0.95 } };
+    for (let i = 0; i < 3; i++) await send('POST', `${sampler}/sample`, body);
+
+    const measure = async (clients: number) => {
+      const latencies: number[] = [];
+      let tokens = 0;
+      const end = performance.now() + DURATION_MS;
+      const started = performance.now();
+      await Promise.all(Array.from({ length: clients }, async () => {
+        while (performance.now() < end) {
+          const t = performance.now();
+          const res = await send('POST', `${sampler}/sample`, body);
+          latencies.push(performance.now() - t);
+          tokens += res.sequences[0].tokens.length;
+        }
+      }));
+      latencies.sort((a, b) => a - b);
+      const q = (p: number) => latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))]!;
+      return { rate: tokens / ((performance.now() - started) / 1000), p50: q(0.5), p99: q(0.99) };
+    };
+    const one = await measure(1);
+    const eight = await measure(8);
+    console.log(`sampler: 16-token samples, 1 client: ${one.rate.toFixed(0)} tokens/s, latency p50 ${one.p50.toFixed(0)} ms, p99 ${one.p99.toFixed(0)} ms`);
+    console.log(`sampler: 8 concurrent clients: ${eight.rate.toFixed(0)} tokens/s (${(eight.rate / one.rate).toFixed(1)}x one client; target >= 3x), latency p50 ${eight.p50.toFixed(0)} ms, p99 ${eight.p99.toFixed(0)} ms`);
+  } finally {
+    agent.destroy();
+    child.kill('SIGTERM');
+  }
+}
