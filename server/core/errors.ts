@@ -9,7 +9,6 @@ export type ErrorKind =
   | 'not_found'
   | 'conflict'
   | 'payload_too_large'
-  | 'not_implemented'
   | 'unavailable';
 
 export class LoopsError extends Error {

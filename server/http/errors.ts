@@ -10,7 +10,6 @@ export const STATUS_OF: Record<ErrorKind, number> = {
   not_found: 404,
   conflict: 409,
   payload_too_large: 413,
-  not_implemented: 501,
   unavailable: 503,
 };
 
