@@ -37,6 +37,28 @@ export interface BackwardResult {
   grads: Map<string, Float32Array>;
 }
 
+/** One sequence's KV cache: per layer k then v, each [heads, length, headDim]. */
+export interface RowCache {
+  past: Float32Array[];
+  length: number;
+}
+
+export interface DecodeRow {
+  token: number;
+  cache: RowCache;
+}
+
+export interface RowStep {
+  logprobs: Float32Array;
+  probs: Float32Array;
+  cache: RowCache;
+}
+
+/** Requests gathered into one decode batch at most. */
+const MAX_BATCH_REQUESTS = 16;
+/** How long a decode batch waits for sampling streams still choosing their tokens. */
+const BATCH_WAIT_MS = 3;
+
 export interface DecodeState {
   /** Cache per layer: k then v, each [B, heads, P, headDim]. */
   past: Float32Array[];
@@ -73,6 +95,8 @@ export class ModelEngine {
   private readonly headDim: number;
   /** Graph runs of one engine are serialised: onnxruntime sessions already use every core. */
   private queue: Promise<unknown> = Promise.resolve();
+  private pendingRows: { rows: DecodeRow[]; adapter: LoraAdapter; invTemperature: number; resolve: (s: RowStep[]) => void; reject: (e: Error) => void }[] = [];
+  private flushing = false;
 
   constructor(readonly modelName: string, vocab: number, private readonly options: EngineOptions = {}) {
     this.dims = { vocab, ...DEFAULT_DIMS, ...options.dims };
@@ -164,10 +188,11 @@ export class ModelEngine {
 
   /**
    * Runs the decode graph on `tokens` ([batch][n], all rows the same length)
-   * after the cached positions in `state`; returns the last position's logits
-   * ([batch × vocab]) and the grown cache.
+   * after the cached positions in `state`; returns, for the last position,
+   * the log-softmax of logits × `invTemperature` and its exp ([batch × vocab]
+   * each), and the grown cache.
    */
-  async decode(tokens: number[][], adapter: LoraAdapter, state: DecodeState | null): Promise<{ logits: Float32Array; state: DecodeState }> {
+  async decode(tokens: number[][], adapter: LoraAdapter, state: DecodeState | null, invTemperature = 1): Promise<{ logprobs: Float32Array; probs: Float32Array; state: DecodeState }> {
     const B = tokens.length;
     const Tq = tokens[0]!.length;
     const P = state?.length ?? 0;
@@ -176,30 +201,110 @@ export class ModelEngine {
     const feeds: Record<string, Feed> = {
       tokens: feed('int64', BigInt64Array.from(tokens.flat().map(BigInt)), [B, Tq]),
       attn_bias: feed('float32', causalBias(B, Tq, P, Array(B).fill(P + Tq)), [B, 1, Tq, P + Tq]),
+      inv_temperature: feed('float32', new Float32Array(B).fill(invTemperature), [B, 1]),
       ...this.ropeFeeds(B, Tq, P),
     };
     for (let l = 0; l < this.dims.layers; l++) {
       feeds[`past_k.${l}`] = feed('float32', state?.past[2 * l] ?? new Float32Array(0), [B, heads, P, hd]);
       feeds[`past_v.${l}`] = feed('float32', state?.past[2 * l + 1] ?? new Float32Array(0), [B, heads, P, hd]);
     }
-    const names = ['logits', ...Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat()];
-    const result = await this.run('decode', feeds, names, adapter);
-    const past = names.slice(1).map((n) => result[n]!);
-    return { logits: result.logits!, state: { past, batch: B, length: P + Tq } };
+    const presents = Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat();
+    const result = await this.run('decode', feeds, ['logprobs', 'probs', ...presents], adapter);
+    return { logprobs: result.logprobs!, probs: result.probs!, state: { past: presents.map((n) => result[n]!), batch: B, length: P + Tq } };
   }
 
-  /** Repeats a batch-1 cache `n` times (one prompt, n samples). */
-  tileState(state: DecodeState, n: number): DecodeState {
-    return {
-      batch: n,
-      length: state.length,
-      past: state.past.map((t) => {
-        const out = new Float32Array(t.length * n);
-        for (let i = 0; i < n; i++) out.set(t, i * t.length);
-        return out;
-      }),
+  /**
+   * One decode step for independent rows, each with its own cache: rows from
+   * concurrent requests on the same adapter are gathered into one graph run
+   * (continuous batching), caches padded to the longest and masked.
+   */
+  decodeRows(rows: DecodeRow[], adapter: LoraAdapter, invTemperature: number): Promise<RowStep[]> {
+    return new Promise((resolve, reject) => {
+      this.pendingRows.push({ rows, adapter, invTemperature, resolve, reject });
+      if (!this.flushing) {
+        this.flushing = true;
+        setImmediate(() => void this.flushRows());
+      }
+    });
+  }
+
+  /** Sampling streams in their decode loop: a flush waits (briefly) for each of them to send its next step. */
+  private streams = 0;
+
+  /** Marks a sampling stream as decoding until the returned function is called. */
+  openStream(): () => void {
+    this.streams++;
+    let open = true;
+    return () => {
+      if (open) { open = false; this.streams--; }
     };
   }
+
+  private async flushRows(): Promise<void> {
+    while (this.pendingRows.length) {
+      // Let the other streams, busy choosing their tokens, join this batch: at most a few milliseconds.
+      for (let waited = 0; this.pendingRows.length < this.streams && waited < BATCH_WAIT_MS; waited++) await new Promise((r) => setTimeout(r, 1));
+      const head = this.pendingRows[0]!;
+      const key = `${head.adapter.id}:${head.adapter.version}`;
+      const batch = this.pendingRows.filter((p) => `${p.adapter.id}:${p.adapter.version}` === key).slice(0, MAX_BATCH_REQUESTS);
+      this.pendingRows = this.pendingRows.filter((p) => !batch.includes(p));
+      try {
+        const steps = await this.stepRows(batch.flatMap((p) => p.rows), batch.flatMap((p) => p.rows.map(() => p.invTemperature)), head.adapter);
+        let at = 0;
+        for (const p of batch) {
+          p.resolve(steps.slice(at, at + p.rows.length));
+          at += p.rows.length;
+        }
+      } catch (err) {
+        for (const p of batch) p.reject(err as Error);
+      }
+    }
+    this.flushing = false;
+  }
+
+  private async stepRows(rows: DecodeRow[], invTemperatures: number[], adapter: LoraAdapter): Promise<RowStep[]> {
+    const B = rows.length;
+    const { heads, vocab } = this.dims;
+    const hd = this.headDim;
+    const P = Math.max(...rows.map((r) => r.cache.length));
+    const bias = new Float32Array(B * (P + 1));
+    rows.forEach((r, b) => { for (let j = r.cache.length; j < P; j++) bias[b * (P + 1) + j] = NEG_INF; });
+    const feeds: Record<string, Feed> = {
+      tokens: feed('int64', BigInt64Array.from(rows.map((r) => BigInt(r.token))), [B, 1]),
+      attn_bias: feed('float32', bias, [B, 1, 1, P + 1]),
+      inv_temperature: feed('float32', Float32Array.from(invTemperatures), [B, 1]),
+      ...this.ropeFeeds(B, 1, (b) => rows[b]!.cache.length),
+    };
+    const rowSize = heads * P * hd;
+    for (let i = 0; i < 2 * this.dims.layers; i++) {
+      const past = new Float32Array(B * rowSize);
+      rows.forEach((r, b) => {
+        const own = r.cache.past[i]!;
+        const len = r.cache.length;
+        for (let h = 0; h < heads; h++) past.set(own.subarray(h * len * hd, (h + 1) * len * hd), b * rowSize + h * P * hd);
+      });
+      feeds[`${i % 2 === 0 ? 'past_k' : 'past_v'}.${Math.floor(i / 2)}`] = feed('float32', past, [B, heads, P, hd]);
+    }
+    const presents = Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat();
+    const result = await this.run('decode', feeds, ['logprobs', 'probs', ...presents], adapter);
+    return rows.map((r, b) => {
+      const len = r.cache.length;
+      // Each row's cache grows by one: its own positions, then the new one (the padding is dropped).
+      const past = presents.map((name) => {
+        const present = result[name]!;
+        const out = new Float32Array(heads * (len + 1) * hd);
+        for (let h = 0; h < heads; h++) {
+          const src = (b * heads + h) * (P + 1) * hd;
+          out.set(present.subarray(src, src + len * hd), h * (len + 1) * hd);
+          out.set(present.subarray(src + P * hd, src + (P + 1) * hd), (h * (len + 1) + len) * hd);
+        }
+        return out;
+      });
+      return { logprobs: result.logprobs!.subarray(b * vocab, (b + 1) * vocab), probs: result.probs!.subarray(b * vocab, (b + 1) * vocab), cache: { past, length: len + 1 } };
+    });
+  }
+
+
 
   private run(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[], adapter: LoraAdapter): Promise<Record<string, Float32Array>> {
     // (topk_indices comes back as a BigInt64Array; callers that read it say so.)
@@ -257,20 +362,20 @@ export class ModelEngine {
   }
 
   /** cos and sin of each position's rotary angles, [B, T, headDim] (halves repeated). */
-  private ropeFeeds(B: number, T: number, offset: number): Record<string, Feed> {
+  /** cos and sin of each position's rotary angles, [B, T, headDim]; row b starts at position offset(b). */
+  private ropeFeeds(B: number, T: number, offset: number | ((b: number) => number)): Record<string, Feed> {
     const hd = this.headDim;
     const half = hd / 2;
     const cos = new Float32Array(B * T * hd);
     const sin = new Float32Array(B * T * hd);
-    for (let t = 0; t < T; t++) {
-      for (let j = 0; j < half; j++) {
-        const angle = (offset + t) * Math.pow(ROPE_BASE, (-2 * j) / hd);
-        const c = Math.cos(angle);
-        const s = Math.sin(angle);
-        for (let b = 0; b < B; b++) {
-          const at = (b * T + t) * hd;
-          cos[at + j] = cos[at + j + half] = c;
-          sin[at + j] = sin[at + j + half] = s;
+    const start = typeof offset === 'number' ? () => offset : offset;
+    for (let b = 0; b < B; b++) {
+      for (let t = 0; t < T; t++) {
+        const at = (b * T + t) * hd;
+        for (let j = 0; j < half; j++) {
+          const angle = (start(b) + t) * Math.pow(ROPE_BASE, (-2 * j) / hd);
+          cos[at + j] = cos[at + j + half] = Math.cos(angle);
+          sin[at + j] = sin[at + j + half] = Math.sin(angle);
         }
       }
     }

@@ -1,4 +1,4 @@
-import type { ModelEngine } from './engine.js';
+import type { ModelEngine, RowCache, RowStep } from './engine.js';
 import type { LoraAdapter } from './lora.js';
 import { Prng } from './prng.js';
 
@@ -43,116 +43,127 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
   const done = new Array<boolean>(n).fill(false);
   const V = engine.dims.vocab;
 
-  const first = await engine.decode([prompt], adapter, null);
-  let state = engine.tileState(first.state, n);
-  let logits = first.logits;
-  let rowOf = (_i: number) => 0;
-  const scratch = new Float64Array(V);
-  for (let step = 0; step < params.max_tokens; step++) {
-    for (let i = 0; i < n; i++) {
-      if (done[i]) continue;
-      const row = logits.subarray(rowOf(i) * V, (rowOf(i) + 1) * V);
-      const [token, logprob] = chooseToken(row, params, rng, scratch);
+  // The graph applies the temperature (greedy: none) and returns log-softmax and its exp per row.
+  const invT = params.temperature === 0 ? 1 : 1 / params.temperature;
+  const first = await engine.decode([prompt], adapter, null, invT);
+  // Every sample starts from the prompt's cache; unfinished rows then step together, batched with other requests'.
+  const close = engine.openStream();
+  try {
+  let rows: { i: number; step: RowStep }[] = seqs.map((_, i) => ({ i, step: { logprobs: first.logprobs, probs: first.probs, cache: { past: first.state.past, length: first.state.length } } }));
+  for (let step = 0; step < params.max_tokens && rows.length; step++) {
+    const next: { i: number; token: number; cache: RowCache }[] = [];
+    for (const { i, step: out } of rows) {
+      const [token, logprob] = chooseToken(out.logprobs, out.probs, params, rng);
       const seq = seqs[i]!;
       seq.tokens.push(token);
       seq.logprobs.push(logprob);
       if (stopIds.has(token) || (stopStrings.length && stopStrings.some((s) => codec.decode(seq.tokens).includes(s)))) {
         seq.stop_reason = 'stop';
         done[i] = true;
+      } else {
+        next.push({ i, token, cache: out.cache });
       }
     }
-    if (done.every(Boolean) || step === params.max_tokens - 1) break;
-    // Finished rows keep decoding their last token; their output is ignored.
-    const next = await engine.decode(seqs.map((s) => [s.tokens[s.tokens.length - 1]!]), adapter, state);
-    state = next.state;
-    logits = next.logits;
-    rowOf = (i) => i;
+    if (step === params.max_tokens - 1 || !next.length) break;
+    const stepped = await engine.decodeRows(next.map((r) => ({ token: r.token, cache: r.cache })), adapter, invT);
+    rows = next.map((r, k) => ({ i: r.i, step: stepped[k]! }));
+  }
+  } finally {
+    close();
   }
   return seqs;
 }
 
 /**
- * Picks the next token from one row of logits; returns it with its logprob.
- * One pass computes e_v = exp((l_v - max)/T) and their sum; the logprob of v
- * is log(e_v / sum). Truncation and the draw reuse e_v.
+ * Picks the next token from one row: `logprobs` is the log-softmax at the
+ * request's temperature (unscaled when greedy) and `probs` its exp, both
+ * computed by the decode graph. Returns the token and its logprob.
  */
-export function chooseToken(logits: Float32Array, params: SamplingParams, rng: Prng, scratch = new Float64Array(logits.length)): [number, number] {
-  const V = logits.length;
-  const greedy = params.temperature === 0;
-  const invT = greedy ? 1 : 1 / params.temperature;
-  let max = -Infinity;
-  let argmax = 0;
-  for (let v = 0; v < V; v++) if (logits[v]! > max) { max = logits[v]!; argmax = v; }
-  let sum = 0;
-  for (let v = 0; v < V; v++) sum += scratch[v] = Math.exp((logits[v]! - max) * invT);
-  const logprob = (v: number) => Math.log(scratch[v]! / sum);
-  if (greedy) return [argmax, logprob(argmax)];
-  if (params.top_k > 0 && params.top_k < V) {
-    const kept = topKIndices(logits, params.top_k).sort((a, b) => scratch[b]! - scratch[a]! || a - b);
-    return draw(kept, scratch, params.top_p, rng, logprob);
+export function chooseToken(logprobs: Float32Array, probs: Float32Array, params: SamplingParams, rng: Prng): [number, number] {
+  const V = logprobs.length;
+  if (params.temperature === 0) {
+    let best = 0;
+    for (let v = 1; v < V; v++) if (logprobs[v]! > logprobs[best]!) best = v;
+    return [best, logprobs[best]!];
   }
-  if (params.top_p >= 1) {
-    let u = rng.next() * sum;
-    for (let v = 0; v < V; v++) if ((u -= scratch[v]!) < 0) return [v, logprob(v)];
-    return [argmax, logprob(argmax)];
-  }
-  const v = drawNucleus(logits, max, invT, scratch, sum, params.top_p, rng);
-  return [v, logprob(v)];
-}
-
-/** Draws from candidates (most likely first when `topP` < 1 is applied here) in proportion to their weights. */
-function draw(candidates: number[], weight: Float64Array, topP: number, rng: Prng, logprob: (v: number) => number): [number, number] {
-  let kept = candidates;
-  if (topP < 1) {
-    const total = candidates.reduce((s, v) => s + weight[v]!, 0);
-    let acc = 0;
-    const cut = candidates.findIndex((v) => (acc += weight[v]!) >= topP * total);
-    kept = candidates.slice(0, cut + 1);
+  let candidates: number[] | null = null;
+  if (params.top_k > 0 && params.top_k < V) candidates = topKIndices(probs, params.top_k).sort((a, b) => probs[b]! - probs[a]! || a - b);
+  if (params.top_p < 1) {
+    if (!candidates) {
+      const v = drawNucleus(probs, params.top_p, rng);
+      return [v, logprobs[v]!];
+    }
+    candidates = topPOf(candidates, probs, params.top_p);
   }
   let mass = 0;
-  for (const v of kept) mass += weight[v]!;
+  if (candidates) for (const v of candidates) mass += probs[v]!;
+  else for (let v = 0; v < V; v++) mass += probs[v]!;
   let u = rng.next() * mass;
-  for (const v of kept) if ((u -= weight[v]!) < 0) return [v, logprob(v)];
-  const last = kept[kept.length - 1]!;
-  return [last, logprob(last)];
+  if (candidates) {
+    for (const v of candidates) if ((u -= probs[v]!) < 0) return [v, logprobs[v]!];
+    const last = candidates[candidates.length - 1]!;
+    return [last, logprobs[last]!];
+  }
+  for (let v = 0; v < V; v++) if ((u -= probs[v]!) < 0) return [v, logprobs[v]!];
+  return [V - 1, logprobs[V - 1]!];
+}
+
+/** The most likely candidates (sorted, most likely first) whose mass reaches `topP` of theirs. */
+function topPOf(candidates: number[], probs: Float32Array, topP: number): number[] {
+  const total = candidates.reduce((s, v) => s + probs[v]!, 0);
+  let acc = 0;
+  const cut = candidates.findIndex((v) => (acc += probs[v]!) >= topP * total);
+  return candidates.slice(0, cut + 1);
 }
 
 /**
  * Draws from the smallest set of most likely tokens whose mass reaches
- * `topP`, without sorting the vocabulary: tokens are bucketed by how far
- * their scaled logit lies below the maximum (1/64 nat per bucket), whole
- * buckets are taken from the top, and only the bucket where the mass
- * crosses `topP` is sorted. The draw scans tokens in index order.
+ * `topP`, without sorting the vocabulary: probabilities are bucketed by the
+ * top bits of their float32 pattern (order-preserving for positive floats,
+ * 1/16 of an octave per bucket), whole buckets are taken from the top; the
+ * bucket where the mass crosses `topP` is split again on the next 13 bits,
+ * and only that finer bucket is sorted. The draw scans tokens in index order.
  */
-function drawNucleus(logits: Float32Array, max: number, invT: number, weight: Float64Array, sum: number, topP: number, rng: Prng): number {
-  const PER_NAT = 64;
-  const BUCKETS = PER_NAT * 40;
-  const V = logits.length;
-  const bucket = new Uint16Array(V);
+function drawNucleus(probs: Float32Array, topP: number, rng: Prng): number {
+  const V = probs.length;
+  const bits = new Int32Array(probs.buffer, probs.byteOffset, V);
+  const BUCKETS = 1 << 13;
   const mass = new Float64Array(BUCKETS);
+  let total = 0;
   for (let v = 0; v < V; v++) {
-    const b = Math.min(BUCKETS - 1, Math.floor((max - logits[v]!) * invT * PER_NAT));
-    bucket[v] = b;
-    mass[b]! += weight[v]!;
+    mass[bits[v]! >>> 18]! += probs[v]!;
+    total += probs[v]!;
   }
-  const target = topP * sum;
+  const target = topP * total;
   let kept = 0;
-  let crossing = 0;
-  for (; crossing < BUCKETS - 1 && kept + mass[crossing]! < target; crossing++) kept += mass[crossing]!;
+  let crossing = BUCKETS - 1;
+  for (; crossing > 0 && kept + mass[crossing]! < target; crossing--) kept += mass[crossing]!;
+  // Within the crossing bucket, a second histogram on the next 13 bits; only its crossing bucket is sorted.
   const edge: number[] = [];
-  for (let v = 0; v < V; v++) if (bucket[v] === crossing) edge.push(v);
-  edge.sort((a, b) => weight[b]! - weight[a]! || a - b);
+  for (let v = 0; v < V; v++) if (bits[v]! >>> 18 === crossing) edge.push(v);
+  const fine = new Float64Array(BUCKETS);
+  for (const v of edge) fine[(bits[v]! >>> 5) & (BUCKETS - 1)]! += probs[v]!;
+  let fineCrossing = BUCKETS - 1;
+  for (; fineCrossing > 0 && kept + fine[fineCrossing]! < target; fineCrossing--) kept += fine[fineCrossing]!;
   const inEdge = new Set<number>();
+  const tie: number[] = [];
   for (const v of edge) {
+    const f = (bits[v]! >>> 5) & (BUCKETS - 1);
+    if (f > fineCrossing) inEdge.add(v);
+    else if (f === fineCrossing) tie.push(v);
+  }
+  tie.sort((a, b) => probs[b]! - probs[a]! || a - b);
+  for (const v of tie) {
     inEdge.add(v);
-    if ((kept += weight[v]!) >= target) break;
+    if ((kept += probs[v]!) >= target) break;
   }
   let u = rng.next() * kept;
   let last = edge[0] ?? 0;
   for (let v = 0; v < V; v++) {
-    if (bucket[v]! < crossing || (bucket[v] === crossing && inEdge.has(v))) {
+    const b = bits[v]! >>> 18;
+    if (b > crossing || (b === crossing && inEdge.has(v))) {
       last = v;
-      if ((u -= weight[v]!) < 0) return v;
+      if ((u -= probs[v]!) < 0) return v;
     }
   }
   return last;

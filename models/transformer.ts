@@ -118,6 +118,7 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
     const { A, B } = lora.get(key)!;
     return g.add(g.matmul(x, weight), g.matmul(g.mul(g.matmul(x, A), scale), B));
   };
+  const unembed = (x: Sym) => proj(x, 'lm_head', W('embed_t'));
   /** The unembedding with LoRA merged into the weight first: one product, no extra pass over [positions × vocab]. */
   const unembedMerged = (x: Sym) => {
     const { A, B } = lora.get('lm_head')!;
@@ -160,14 +161,19 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
   const final = rmsnorm(x, W('final_norm'));
 
   if (decode) {
-    const logits = proj(final, 'lm_head', W('embed_t'));
-    g.output(g.gather(logits, g.constI([-1], []), 1), 'logits');
+    // Only the last position is decoded: gather it before the unembedding. Log-softmax and its exp (at the
+    // request's temperature) are computed here, so the sampler makes no pass over the vocabulary with exp.
+    const last = g.gather(final, g.constI([-1], []), 1);
+    const logits = proj(last, 'lm_head', W('embed_t'));
+    const logprobs = g.logSoftmax(g.mul(logits, g.input('inv_temperature', 'float32', ['B', 1])));
+    g.output(logprobs, 'logprobs');
+    g.output(g.exp(logprobs), 'probs');
     presents.forEach((s, i) => g.output(s, `present_${i % 2 === 0 ? 'k' : 'v'}.${Math.floor(i / 2)}`));
   } else {
     // Only the scored positions (those with a target that counts) reach the unembedding: with prompts
     // masked out, that is most of the cost of a vocabulary-sized output saved.
     const scored = g.gatherElements(final, g.input('score_index', 'int64', ['B', 'S', d]), 1);
-    const logits = options.mergedUnembedding ? unembedMerged(scored) : proj(scored, 'lm_head', W('embed_t'));
+    const logits = options.mergedUnembedding ? unembedMerged(scored) : unembed(scored);
     const targets = g.input('targets', 'int64', ['B', 'S']);
     const all = g.logSoftmax(logits);
     const logprobs = g.reshape(g.gatherElements(all, g.unsqueeze(targets, [2]), 2), [0, 0], ['B', 'S']);
