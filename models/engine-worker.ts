@@ -1,5 +1,6 @@
 import { parentPort, workerData } from 'node:worker_threads';
-import { GraphRunner, type RunnerConfig, type RunRequest } from './graph-runner.js';
+import { GraphRunner } from './graph-runner.js';
+import type { RunnerConfig, RunRequest } from './runner-protocol.js';
 
 /** The worker thread of one ModelEngine: builds the base weights and runs graphs off the server's thread. */
 const runner = new GraphRunner(workerData as RunnerConfig);

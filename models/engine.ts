@@ -1,9 +1,10 @@
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
-import { ADAPTER_CACHE_SIZE, DeviceUnavailableError, GraphRunner, type Feed, type RunRequest } from './graph-runner.js';
+import type { GraphRunner } from './graph-runner.js';
+import { ADAPTER_CACHE_SIZE, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
 import { DEFAULT_DIMS, loraSites, ROPE_BASE, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
 
-export { DeviceUnavailableError } from './graph-runner.js';
+export { DeviceUnavailableError } from './device-error.js';
 import type { LoraAdapter } from './lora.js';
 
 export type Device = 'cpu' | 'cuda';
@@ -104,7 +105,8 @@ export class ModelEngine {
     this.headDim = this.dims.dModel / this.dims.heads;
     this.maxPositions = options.maxPositionsPerRun ?? 512;
     const config = { modelName, dims: this.dims, device: options.device ?? 'cpu', threads: options.threads };
-    this.runner = options.thread === 'inline' ? new GraphRunner(config) : new WorkerRunner(config);
+    // onnxruntime is loaded only where graphs run: in the worker, or here on first use when inline.
+    this.runner = options.thread === 'inline' ? new InlineRunner(config) : new WorkerRunner(config);
   }
 
   /** Stops the engine's worker thread. */
@@ -413,13 +415,28 @@ interface Runner {
   close?(): Promise<void>;
 }
 
+/** Runs graphs on the calling thread (loads onnxruntime here on first use). */
+class InlineRunner implements Runner {
+  private runner: Promise<GraphRunner> | null = null;
+  constructor(private readonly config: RunnerConfig) {}
+  private get(): Promise<GraphRunner> {
+    return (this.runner ??= import('./graph-runner.js').then((m) => new m.GraphRunner(this.config)));
+  }
+  async run(req: RunRequest): Promise<Record<string, Feed>> {
+    return (await this.get()).run(req);
+  }
+  async warm(kind: GraphKind): Promise<void> {
+    await (await this.get()).warm(kind);
+  }
+}
+
 /** Runs graphs on a worker thread that owns the weights and sessions; requests and answers are messages. */
 class WorkerRunner implements Runner {
   private worker: Worker | null = null;
   private readonly pending = new Map<number, { resolve: (v: Record<string, Feed>) => void; reject: (e: Error) => void }>();
   private nextId = 0;
 
-  constructor(private readonly config: ConstructorParameters<typeof GraphRunner>[0]) {}
+  constructor(private readonly config: RunnerConfig) {}
 
   /** (adapter id → version) the worker holds, in the same order as its own cache. */
   private readonly sent = new Map<string, number>();

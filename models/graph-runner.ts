@@ -1,53 +1,11 @@
 import { availableParallelism } from 'node:os';
 import * as ort from 'onnxruntime-node';
-import { baseWeights, buildGraph, type GraphKind, type ModelDims } from './transformer.js';
+import { DeviceUnavailableError } from './device-error.js';
+import { ADAPTER_CACHE_SIZE, AdapterNotCachedError, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
+import { baseWeights, buildGraph, type GraphKind } from './transformer.js';
 
-/** A tensor as plain data, so that it can cross to a worker thread. */
-export interface Feed {
-  type: 'float32' | 'int64';
-  data: Float32Array | BigInt64Array;
-  dims: number[];
-}
-
-export interface RunnerConfig {
-  modelName: string;
-  dims: ModelDims;
-  device: 'cpu' | 'cuda';
-  threads?: number;
-}
-
-export interface RunRequest {
-  kind: GraphKind;
-  merged: boolean;
-  feeds: Record<string, Feed>;
-  outputs: string[];
-  /** The LoRA adapter's tensors; `feeds` may be left out when this runner already holds that (id, version). */
-  adapter: { id: string; version: number; feeds?: Record<string, Feed> };
-}
-
-/** The runner no longer holds the adapter version a request left out; the sender resends it with its tensors. */
-export class AdapterNotCachedError extends Error {
-  constructor() {
-    super('adapter not cached');
-    this.name = 'AdapterNotCachedError';
-  }
-}
-
-/** Adapters kept per runner: each holds rank × vocabulary floats for the unembedding alone. */
-export const ADAPTER_CACHE_SIZE = 8;
-
-/** `--device cuda` on a machine whose onnxruntime-node has no CUDA execution provider. */
-export class DeviceUnavailableError extends Error {
-  constructor(cause: unknown) {
-    super(
-      'The CUDA execution provider is not available to onnxruntime-node here: its CUDA binaries are not installed ' +
-      '(this project\'s .npmrc skips their download, and they need CUDA 12 and cuDNN on the machine). On a machine that has them, run ' +
-      '`ONNXRUNTIME_NODE_INSTALL=cuda12 node node_modules/onnxruntime-node/script/install.js`, or use --device cpu. ' +
-      `(onnxruntime said: ${String((cause as Error)?.message ?? cause).split('\n')[0]})`,
-    );
-    this.name = 'DeviceUnavailableError';
-  }
-}
+export { DeviceUnavailableError } from './device-error.js';
+export type { Feed, RunnerConfig, RunRequest } from './runner-protocol.js';
 
 // onnxruntime's own log goes to stderr; every failure it reports also reaches us as an exception, which we
 // turn into a clear message, so its log would only repeat it (e.g. three lines for a missing CUDA provider).
