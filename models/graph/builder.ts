@@ -51,6 +51,14 @@ export class GraphBuilder {
 
   /** Marks `x` as a graph output called `name`. */
   output(x: Sym, name: string): Sym {
+    // A node's result is simply renamed; an Identity (a copy at run time) only where that cannot be done:
+    // a graph input, or a value already exported under another name.
+    const producedHere = this.nodes.some((n) => n.outputs.includes(x));
+    if (producedHere && !this.outputs.includes(x) && !this.inputs.includes(x)) {
+      (x as { name: string }).name = name;
+      this.outputs.push(x);
+      return x;
+    }
     const out = this.sym(x.shape, x.dtype, name);
     this.nodes.push({ op: 'Identity', inputs: [x], outputs: [out], attrs: {} });
     this.outputs.push(out);
