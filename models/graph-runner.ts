@@ -2,7 +2,10 @@ import { availableParallelism } from 'node:os';
 import * as ort from 'onnxruntime-node';
 import { DeviceUnavailableError } from './device-error.js';
 import { ADAPTER_CACHE_SIZE, AdapterNotCachedError, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
-import { baseWeights, buildGraph, type GraphKind } from './transformer.js';
+import { baseWeights, buildGraph, buildMergeGraph, type GraphKind } from './transformer.js';
+
+/** Merged unembeddings kept for decoding (39 MB each at the Qwen vocabulary). */
+const MERGED_CACHE_SIZE = 3;
 
 export { DeviceUnavailableError } from './device-error.js';
 export type { Feed, RunnerConfig, RunRequest } from './runner-protocol.js';
@@ -27,14 +30,36 @@ export class GraphRunner {
   }
 
   async run(req: RunRequest): Promise<Record<string, Feed>> {
-    const session = await this.session(req.kind, req.merged);
-    const feeds: Record<string, ort.Tensor> = { ...this.baseFeeds, ...this.adapterTensors(req.adapter) };
+    // Decoding reads the whole unembedding every step: with LoRA merged into it once per adapter
+    // version, a step is one product instead of two and a sum over [rows × vocab].
+    const decode = req.kind === 'decode';
+    const session = await this.session(req.kind, req.merged || decode);
+    const adapter = this.adapterTensors(req.adapter);
+    const feeds: Record<string, ort.Tensor> = { ...this.baseFeeds, ...adapter };
+    if (decode) feeds.lm_head_merged = await this.mergedUnembedding(req.adapter, adapter);
     for (const [name, f] of Object.entries(req.feeds)) feeds[name] = new ort.Tensor(f.type, f.data, f.dims);
     const result = await session.run(feeds, req.outputs);
     return Object.fromEntries(req.outputs.map((n) => {
       const t = result[n]!;
       return [n, { type: t.type as Feed['type'], data: t.data as Float32Array | BigInt64Array, dims: [...t.dims] }];
     }));
+  }
+
+  /** W + scale·A·B of the unembedding per adapter version, for the few adapters decoding now (39 MB each). */
+  private readonly merged = new Map<string, { version: number; tensor: Promise<ort.Tensor> }>();
+  private mergeSession: Promise<ort.InferenceSession> | null = null;
+
+  private async mergedUnembedding(a: RunRequest['adapter'], tensors: Record<string, ort.Tensor>): Promise<ort.Tensor> {
+    const cached = this.merged.get(a.id);
+    if (cached && cached.version === a.version) return cached.tensor;
+    this.mergeSession ??= ort.InferenceSession.create(buildMergeGraph(this.config.dims), { intraOpNumThreads: this.config.threads ?? availableParallelism() });
+    const tensor = this.mergeSession.then(async (s) => (await s.run({
+      'base.embed_t': this.baseFeeds['base.embed_t']!, 'lora.lm_head.A': tensors['lora.lm_head.A']!, 'lora.lm_head.B': tensors['lora.lm_head.B']!, lora_scale: tensors.lora_scale!,
+    })).lm_head_merged!);
+    this.merged.delete(a.id);
+    this.merged.set(a.id, { version: a.version, tensor });
+    while (this.merged.size > MERGED_CACHE_SIZE) this.merged.delete(this.merged.keys().next().value!);
+    return tensor;
   }
 
   private adapterTensors(a: RunRequest['adapter']): Record<string, ort.Tensor> {

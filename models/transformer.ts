@@ -164,7 +164,8 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
     // Only the last position is decoded: gather it before the unembedding. Log-softmax and its exp (at the
     // request's temperature) are computed here, so the sampler makes no pass over the vocabulary with exp.
     const last = g.gather(final, g.constI([-1], []), 1);
-    const logits = proj(last, 'lm_head', W('embed_t'));
+    // With a merged unembedding the caller feeds W + scale·A·B, built once per adapter version (mergeGraph).
+    const logits = options.mergedUnembedding ? g.matmul(last, g.input('lm_head_merged', 'float32', [d, dims.vocab])) : proj(last, 'lm_head', W('embed_t'));
     const logprobs = g.logSoftmax(g.mul(logits, g.input('inv_temperature', 'float32', ['B', 1])));
     g.output(logprobs, 'logprobs');
     g.output(g.exp(logprobs), 'probs');
@@ -194,6 +195,17 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
     }
   }
   return { onnx: g.toOnnx(), loraInputs: [...lora.keys()].flatMap((k) => [`lora.${k}.A`, `lora.${k}.B`]) };
+}
+
+/** W + scale·A·B for the unembedding: what a decode graph with a merged unembedding takes as `lm_head_merged`. */
+export function buildMergeGraph(dims: ModelDims): Uint8Array {
+  const g = new GraphBuilder('loops-mock-merge');
+  const W = g.input('base.embed_t', 'float32', [dims.dModel, dims.vocab]);
+  const A = g.input('lora.lm_head.A', 'float32', [dims.dModel, 'r']);
+  const B = g.input('lora.lm_head.B', 'float32', ['r', dims.vocab]);
+  const scale = g.input('lora_scale', 'float32', []);
+  g.output(g.add(W, g.matmul(g.mul(A, scale), B)), 'lm_head_merged');
+  return g.toOnnx();
 }
 
 /** Names and shapes of the base weights (graph inputs), embedding first: embed_t is [d, vocab], the unembedding read directly. */

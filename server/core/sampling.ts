@@ -122,9 +122,18 @@ export class Sampling {
     }
     // The adapter as it is at the start of the request: a sync mid-request does not mix versions.
     const version = replica.liveVersion;
-    const adapter = replica.adapter ?? zeroAdapter(this.engines.get(s.base_model).sites);
+    const adapter = replica.adapter ?? this.baseAdapter(s.base_model);
     const value = await work(adapter);
     return { value, policyVersion: version, replica: replica.index };
+  }
+
+  private readonly baseAdapters = new Map<string, LoraAdapter>();
+
+  /** The base model as an adapter, one per base model: requests on it share one identity, so they batch and cache. */
+  private baseAdapter(model: string): LoraAdapter {
+    let a = this.baseAdapters.get(model);
+    if (!a) this.baseAdapters.set(model, (a = zeroAdapter(this.engines.get(model).sites)));
+    return a;
   }
 
   /** Samples `n` sequences of one prompt. */
