@@ -1,21 +1,10 @@
 import autocannon from 'autocannon';
-import { spawn } from 'node:child_process';
-import { createServer } from 'node:net';
-import { join } from 'node:path';
+import { BENCH_KEY, startServerProcess } from './server-process.js';
 
 /** Control-plane figures from a real server process on a real port. */
-const KEY = 'bench-key';
+const KEY = BENCH_KEY;
 const CONNECTIONS = 32;
 const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
-
-export async function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const s = createServer().listen(0, '127.0.0.1', () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => resolve(port));
-    });
-  });
-}
 
 async function json(url: string, method = 'GET', body?: unknown): Promise<any> {
   const res = await fetch(url, { method, headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' }, body: body ? JSON.stringify(body) : method === 'POST' ? '{}' : undefined });
@@ -23,19 +12,9 @@ async function json(url: string, method = 'GET', body?: unknown): Promise<any> {
 }
 
 export async function benchControlPlane(root: string): Promise<void> {
-  const port = await freePort();
-  const base = `http://127.0.0.1:${port}`;
-  const started = performance.now();
-  const child = spawn(process.execPath, [join(root, 'dist', 'server', 'cli.js'), '--port', String(port)], { stdio: 'ignore' });
-  let startupMs = NaN;
-  for (;;) {
-    try {
-      const res = await fetch(`${base}/v1/loops/capabilities`, { headers: { authorization: `Bearer ${KEY}` } });
-      if (res.status === 200) { startupMs = performance.now() - started; break; }
-    } catch { /* not listening yet */ }
-    if (performance.now() - started > 10_000) throw new Error('server did not start within 10 s');
-    await new Promise((r) => setTimeout(r, 2));
-  }
+  const server = await startServerProcess(root);
+  const base = server.base;
+  const startupMs = server.startupMs;
   try {
     const session = (await json(`${base}/v1/loops/sessions`, 'POST')).session.id;
     const runs = [];
@@ -61,6 +40,6 @@ export async function benchControlPlane(root: string): Promise<void> {
     }
     console.log(`control plane: worst p99 ${worstP99.toFixed(1)} ms (target < 5 ms)`);
   } finally {
-    child.kill('SIGTERM');
+    server.stop();
   }
 }

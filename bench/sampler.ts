@@ -1,33 +1,14 @@
-import { spawn } from 'node:child_process';
-import { Agent, request } from 'node:http';
-import { join } from 'node:path';
-import { freePort } from './control-plane.js';
+import { keepAliveClient, startServerProcess } from './server-process.js';
 
 /** Sampler-plane figures over HTTP from a real server process: throughput with 1 and 8 clients, latency of a 16-token sample. */
 const MODEL = 'Qwen/Qwen3.5-2B';
-const KEY = 'bench-key';
 const DURATION_MS = Number(process.env.BENCH_DURATION_S ?? 5) * 1000;
 
 export async function benchSampler(root: string): Promise<void> {
-  const port = await freePort();
-  const base = `http://127.0.0.1:${port}`;
-  const agent = new Agent({ keepAlive: true, maxSockets: 16 });
-  const send = (method: string, path: string, body?: unknown): Promise<any> => new Promise((resolve, reject) => {
-    const req = request(`${base}${path}`, { method, agent, headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' } }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => resolve(JSON.parse(Buffer.concat(chunks).toString() || 'null')));
-    });
-    req.on('error', reject);
-    req.end(body === undefined ? (method === 'POST' ? '{}' : undefined) : JSON.stringify(body));
-  });
-  const child = spawn(process.execPath, [join(root, 'dist', 'server', 'cli.js'), '--port', String(port)], { stdio: 'ignore' });
+  const server = await startServerProcess(root);
+  const client = keepAliveClient(server.base);
+  const send = async (method: string, path: string, body?: unknown) => (await client.send(method, path, body)).json;
   try {
-    for (let i = 0; ; i++) {
-      try { if ((await fetch(`${base}/v1/loops/capabilities`, { headers: { authorization: `Bearer ${KEY}` } })).ok) break; } catch { /* starting */ }
-      if (i > 2000) throw new Error('server did not start');
-      await new Promise((r) => setTimeout(r, 5));
-    }
     const session = (await send('POST', '/v1/loops/sessions')).session.id;
     const run = (await send('POST', '/v1/loops/runs', { session_id: session, base_model: MODEL, lora_rank: 16 })).run;
     const sampler = new URL(run.sampler.base_url).pathname;
@@ -56,7 +37,7 @@ export async function benchSampler(root: string): Promise<void> {
     console.log(`sampler: 16-token samples, 1 client: ${one.rate.toFixed(0)} tokens/s, latency p50 ${one.p50.toFixed(0)} ms, p99 ${one.p99.toFixed(0)} ms`);
     console.log(`sampler: 8 concurrent clients: ${eight.rate.toFixed(0)} tokens/s (${(eight.rate / one.rate).toFixed(1)}x one client; target >= 3x), latency p50 ${eight.p50.toFixed(0)} ms, p99 ${eight.p99.toFixed(0)} ms`);
   } finally {
-    agent.destroy();
-    child.kill('SIGTERM');
+    client.close();
+    server.stop();
   }
 }

@@ -1,0 +1,58 @@
+import { spawn } from 'node:child_process';
+import { Agent, request } from 'node:http';
+import { createServer } from 'node:net';
+import { join } from 'node:path';
+
+export const BENCH_KEY = 'bench-key';
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve) => {
+    const s = createServer().listen(0, '127.0.0.1', () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+export interface ServerProcess {
+  base: string;
+  /** Milliseconds from spawn to the first 200 answer. */
+  startupMs: number;
+  stop(): void;
+}
+
+/** Starts the built CLI (dist/) as its own process on a free port and waits for its first 200. */
+export async function startServerProcess(root: string): Promise<ServerProcess> {
+  const port = await freePort();
+  const base = `http://127.0.0.1:${port}`;
+  const started = performance.now();
+  const child = spawn(process.execPath, [join(root, 'dist', 'server', 'cli.js'), '--port', String(port)], { stdio: 'ignore' });
+  for (;;) {
+    try {
+      const res = await fetch(`${base}/v1/loops/capabilities`, { headers: { authorization: `Bearer ${BENCH_KEY}` } });
+      if (res.status === 200) break;
+    } catch { /* not listening yet */ }
+    if (performance.now() - started > 10_000) {
+      child.kill('SIGKILL');
+      throw new Error('server did not start within 10 s');
+    }
+    await new Promise((r) => setTimeout(r, 2));
+  }
+  return { base, startupMs: performance.now() - started, stop: () => child.kill('SIGTERM') };
+}
+
+/** A lean keep-alive HTTP client: figures should be the server's, not fetch's (about 1 ms a request on its own). */
+export function keepAliveClient(base: string, sockets = 16) {
+  const agent = new Agent({ keepAlive: true, maxSockets: sockets });
+  const send = (method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<{ status: number; json: any }> =>
+    new Promise((resolve, reject) => {
+      const req = request(`${base}${path}`, { method, agent, headers: { authorization: `Bearer ${BENCH_KEY}`, 'content-type': 'application/json', ...headers } }, (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => resolve({ status: res.statusCode!, json: JSON.parse(Buffer.concat(chunks).toString() || 'null') }));
+      });
+      req.on('error', reject);
+      req.end(body === undefined ? (method === 'POST' ? '{}' : undefined) : JSON.stringify(body));
+    });
+  return { send, close: () => agent.destroy() };
+}
