@@ -99,7 +99,7 @@ export class ModelEngine {
   private pendingRows: { rows: DecodeRow[]; adapter: LoraAdapter; invTemperature: number; resolve: (s: RowStep[]) => void; reject: (e: Error) => void }[] = [];
   private flushing = false;
 
-  constructor(readonly modelName: string, vocab: number, private readonly options: EngineOptions = {}) {
+  constructor(readonly modelName: string, vocab: number, options: EngineOptions = {}) {
     this.dims = { vocab, ...DEFAULT_DIMS, ...options.dims };
     this.sites = loraSites(this.dims);
     this.headDim = this.dims.dModel / this.dims.heads;

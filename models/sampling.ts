@@ -40,8 +40,6 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
   if (params.max_tokens <= 0 || n <= 0) return seqs;
   const stopIds = new Set<number>([...codec.eosTokenIds, ...params.stop.filter((s): s is number => typeof s === 'number')]);
   const stopStrings = params.stop.filter((s): s is string => typeof s === 'string');
-  const done = new Array<boolean>(n).fill(false);
-  const V = engine.dims.vocab;
 
   // The graph applies the temperature (greedy: none) and returns log-softmax and its exp per row.
   const invT = params.temperature === 0 ? 1 : 1 / params.temperature;
@@ -59,7 +57,6 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
       seq.logprobs.push(logprob);
       if (stopIds.has(token) || (stopStrings.length && stopStrings.some((s) => codec.decode(seq.tokens).includes(s)))) {
         seq.stop_reason = 'stop';
-        done[i] = true;
       } else {
         next.push({ i, token, cache: out.cache });
       }

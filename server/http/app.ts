@@ -53,7 +53,7 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
     closing = true;
     core.beginShutdown();
   });
-  app.addHook('onRequest', async (request, reply) => {
+  app.addHook('onRequest', async (_request, reply) => {
     reply.header('x-loops-mock-version', VERSION);
     if (closing) {
       reply.header('connection', 'close');

@@ -82,7 +82,7 @@ export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore, options: 
 
   app.get('/trainer/:run_id/policy_version', {
     schema: { tags, summary: 'Optimizer steps applied so far', params: RunParams, response: { 200: PolicyVersionResponse } },
-  }, (req, reply) => {
+  }, (req) => {
     const { record } = target(req);
     return { policy_version: core.trainers.policyVersion(activeRun(record)) };
   });
