@@ -2,7 +2,8 @@ import { createHash } from 'node:crypto';
 import { readAdapter, sampleSequences, zeroAdapter, type EnginePool, type LoraAdapter, type SampledSequence, type SamplingParams } from '../../models/index.js';
 import { parseCheckpointPath, type Checkpoints } from './checkpoints.js';
 import type { Clock, Timer } from './clock.js';
-import { invalid, LoopsError } from './errors.js';
+import { LoopsError } from './errors.js';
+import { modelInputTokens, type ModelInputWire } from './model-input.js';
 import type { Fleet } from './fleet.js';
 import type { SamplerRecord } from './records.js';
 import type { Publication, SamplerWeights } from './sampler-weights.js';
@@ -142,11 +143,9 @@ export class Sampling {
     return sampleSequences(engine, adapter, prompt, n, params, this.engines.tokenizers.get(s.base_model));
   }
 
-  checkTokens(s: SamplerRecord, tokens: number[], field: string): void {
-    const vocab = this.engines.vocabSize(s.base_model);
-    const bad = tokens.findIndex((t) => !Number.isInteger(t) || t < 0 || t >= vocab);
-    if (bad >= 0) throw invalid(`${field} token ${tokens[bad]} at position ${bad} is outside ${s.base_model}'s vocabulary (0..${vocab - 1}).`, { field });
-    if (tokens.length > s.max_seq_length) throw invalid(`${field} has ${tokens.length} tokens; this sampler's max_seq_length is ${s.max_seq_length}.`, { field });
+  /** A prompt's tokens, checked against the sampler's model and max_seq_length. */
+  promptTokens(s: SamplerRecord, prompt: ModelInputWire, field = 'prompt'): number[] {
+    return modelInputTokens(prompt, field, { vocab: this.engines.vocabSize(s.base_model), model: s.base_model, maxLength: s.max_seq_length, lengthName: "sampler's max_seq_length", use: 'samples from' });
   }
 
   get maxTokensLimit(): number {

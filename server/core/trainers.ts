@@ -7,6 +7,7 @@ import { MAX_LORA_RANK, type Fleet } from './fleet.js';
 import type { Checkpoints } from './checkpoints.js';
 import { assertSafeCheckpointName, parseCheckpointPath } from './checkpoints.js';
 import { invalid, LoopsError } from './errors.js';
+import { modelInputTokens } from './model-input.js';
 import { OperationFailure, type Operation, type Operations } from './operations.js';
 import type { Principal, RunRecord } from './records.js';
 import type { SamplerWeights } from './sampler-weights.js';
@@ -174,15 +175,7 @@ export class Trainers {
     const vocab = this.engines.vocabSize(run.base_model);
     const data = body.data.map((d, i): TrainingDatum => {
       const at = `data[${i}]`;
-      const tokens: number[] = [];
-      d.model_input.chunks.forEach((chunk, c) => {
-        if (chunk.type !== 'encoded_text' || !chunk.tokens) throw invalid(`${at}.model_input.chunks[${c}] is a '${chunk.type}' chunk: loops-mock trains on text; send {"type": "encoded_text", "tokens": [...]}.`, { field: `${at}.model_input.chunks[${c}].type` });
-        tokens.push(...chunk.tokens);
-      });
-      if (!tokens.length) throw invalid(`${at}.model_input has no tokens.`, { field: `${at}.model_input` });
-      if (tokens.length > run.max_seq_len) throw invalid(`${at} has ${tokens.length} tokens; this run's max_seq_len is ${run.max_seq_len}.`, { field: `${at}.model_input` });
-      const bad = tokens.findIndex((t) => t < 0 || t >= vocab);
-      if (bad >= 0) throw invalid(`${at}.model_input token ${tokens[bad]} at position ${bad} is outside ${run.base_model}'s vocabulary (0..${vocab - 1}).`, { field: `${at}.model_input` });
+      const tokens = modelInputTokens(d.model_input, `${at}.model_input`, { vocab, model: run.base_model, maxLength: run.max_seq_len, lengthName: "run's max_seq_len", use: 'trains on' });
       const inputs = d.loss_fn_inputs ?? {};
       const arrays: Record<string, number[]> = {};
       for (const [name, tensor] of Object.entries(inputs)) {

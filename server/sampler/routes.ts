@@ -62,16 +62,6 @@ export function samplerPlaneRoutes(appIn: FastifyInstance, core: LoopsCore): voi
     return { ...merged, stop: stop as (string | number)[] };
   };
 
-  const promptTokens = (s: SamplerRecord, prompt: { chunks: { type: string; tokens?: number[] }[] }): number[] => {
-    const tokens: number[] = [];
-    prompt.chunks.forEach((c, i) => {
-      if (c.type !== 'encoded_text' || !c.tokens) throw invalid(`prompt.chunks[${i}] is a '${c.type}' chunk: loops-mock samples from text; send {"type": "encoded_text", "tokens": [...]}.`, { field: `prompt.chunks[${i}].type` });
-      tokens.push(...c.tokens);
-    });
-    if (!tokens.length) throw invalid('prompt has no tokens.', { field: 'prompt' });
-    core.sampling.checkTokens(s, tokens, 'prompt');
-    return tokens;
-  };
 
   /** Prompt logprobs (null at 0) and optionally the top-k tokens at each position. */
   const promptScores = async (s: SamplerRecord, adapter: LoraAdapter, tokens: number[], k: number) => {
@@ -92,7 +82,7 @@ export function samplerPlaneRoutes(appIn: FastifyInstance, core: LoopsCore): voi
     schema: { tags, summary: 'Sample num_samples continuations of a prompt (honours X-Min-Policy-Version and X-Affinity-Key)', params: SamplerParams, body: SampleRequest },
   }, async (req, reply) => {
     const s = ready(target(req), reply);
-    const tokens = promptTokens(s, req.body.prompt);
+    const tokens = core.sampling.promptTokens(s, req.body.prompt);
     const sp = params(req.body.sampling_params ?? {}, tokens.length, s);
     const k = req.body.topk_prompt_logprobs ?? 0;
     const out = await served(req, reply, s, async (adapter) => {
@@ -113,7 +103,7 @@ export function samplerPlaneRoutes(appIn: FastifyInstance, core: LoopsCore): voi
     schema: { tags, summary: 'Logprob of each prompt token given those before it (null at 0)', params: SamplerParams, body: ComputeLogprobsRequest },
   }, async (req, reply) => {
     const s = ready(target(req), reply);
-    const tokens = promptTokens(s, req.body.prompt);
+    const tokens = core.sampling.promptTokens(s, req.body.prompt);
     const out = await served(req, reply, s, (adapter) => promptScores(s, adapter, tokens, 0));
     if (!out) return reply;
     return { logprobs: out.value.logprobs, policy_version: out.policyVersion };
@@ -127,9 +117,7 @@ export function samplerPlaneRoutes(appIn: FastifyInstance, core: LoopsCore): voi
     if (b.stream) throw invalid('stream is not supported by loops-mock: send stream: false (or omit it).', { field: 'stream' });
     if (b.model !== undefined && !modelIds(s).includes(b.model)) throw new LoopsError('not_found', `model '${b.model}' is not served here; GET ${'{sampler}'}/v1/models lists ${modelIds(s).join(', ')}.`, { field: 'model' });
     const tok = core.engines.tokenizers.get(s.base_model);
-    const tokens = typeof b.prompt === 'string' ? tok.encode(b.prompt) : b.prompt;
-    if (!tokens.length) throw invalid('prompt is empty.', { field: 'prompt' });
-    core.sampling.checkTokens(s, tokens, 'prompt');
+    const tokens = core.sampling.promptTokens(s, { chunks: [{ type: 'encoded_text', tokens: typeof b.prompt === 'string' ? tok.encode(b.prompt) : b.prompt }] });
     const sp = params({ max_tokens: b.max_tokens ?? 16, temperature: b.temperature ?? 1, top_p: b.top_p ?? 1, top_k: b.top_k ?? -1, seed: b.seed ?? null, stop: b.stop }, tokens.length, s);
     const wantLogprobs = b.logprobs !== undefined && b.logprobs !== null;
     const out = await served(req, reply, s, async (adapter) => ({

@@ -1,0 +1,26 @@
+import { invalid } from './errors.js';
+
+/** The wire's ModelInput: chunks of which loops-mock takes text (`encoded_text`) only. */
+export interface ModelInputWire {
+  chunks: { type: string; tokens?: number[] }[];
+}
+
+/**
+ * The tokens of a ModelInput, checked for what both planes need: text chunks
+ * only, at least one token, every id in the model's vocabulary, and no more
+ * than `maxLength` tokens. `field` names the input in errors.
+ */
+export function modelInputTokens(input: ModelInputWire, field: string, limits: { vocab: number; model: string; maxLength: number; lengthName: string; use: 'trains on' | 'samples from' }): number[] {
+  const tokens: number[] = [];
+  input.chunks.forEach((chunk, c) => {
+    if (chunk.type !== 'encoded_text' || !chunk.tokens) {
+      throw invalid(`${field}.chunks[${c}] is a '${chunk.type}' chunk: loops-mock ${limits.use} text; send {"type": "encoded_text", "tokens": [...]}.`, { field: `${field}.chunks[${c}].type` });
+    }
+    tokens.push(...chunk.tokens);
+  });
+  if (!tokens.length) throw invalid(`${field} has no tokens.`, { field });
+  if (tokens.length > limits.maxLength) throw invalid(`${field} has ${tokens.length} tokens; the ${limits.lengthName} is ${limits.maxLength}.`, { field });
+  const bad = tokens.findIndex((t) => !Number.isInteger(t) || t < 0 || t >= limits.vocab);
+  if (bad >= 0) throw invalid(`${field} token ${tokens[bad]} at position ${bad} is outside ${limits.model}'s vocabulary (0..${limits.vocab - 1}).`, { field });
+  return tokens;
+}
