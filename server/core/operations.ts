@@ -52,6 +52,8 @@ export class Operations {
   private readonly entries = new Map<string, Entry>();
   private readonly byKey = new Map<string, Entry>();
   private readonly chains = new Map<string, Promise<void>>();
+  /** Finished entries in finishing order (the clock only moves forward): expiry pops from the front. */
+  private readonly finished: Entry[] = [];
   private closed = false;
 
   constructor(private readonly clock: Clock, private readonly options: OperationOptions) {}
@@ -142,17 +144,19 @@ export class Operations {
     entry.op.result = result;
     entry.op.error = error;
     entry.op.finishedAt = this.clock.now();
+    this.finished.push(entry);
     for (const w of [...entry.waiters]) w('done');
   }
 
-  /** Forgets results past retention, with their idempotency keys. */
+  /** Forgets results past retention, with their idempotency keys: only the expired ones are touched. */
   private sweep(): void {
     const cutoff = this.clock.now() - this.options.ttlMs;
-    for (const [id, entry] of this.entries) {
-      if (entry.op.finishedAt !== undefined && entry.op.finishedAt < cutoff) {
-        this.entries.delete(id);
-        if (entry.key) this.byKey.delete(entry.key);
-      }
+    let expired = 0;
+    while (expired < this.finished.length && this.finished[expired]!.op.finishedAt! < cutoff) {
+      const entry = this.finished[expired++]!;
+      this.entries.delete(entry.op.id);
+      if (entry.key) this.byKey.delete(entry.key);
     }
+    if (expired) this.finished.splice(0, expired);
   }
 }
