@@ -1,4 +1,4 @@
-import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { LoopsCore } from '../core/core.js';
 import { LoopsError, notFound } from '../core/errors.js';
 import type { Principal, RunRecord, SamplerRecord } from '../core/records.js';
@@ -41,4 +41,21 @@ export function resolvePlane(core: LoopsCore, kind: PlaneKind, request: FastifyR
   reply.raw.once('finish', count);
   reply.raw.once('close', count);
   return { record, caller };
+}
+
+/**
+ * Resolves every request of a plane plugin before validation (so that refused
+ * requests are counted and logged like any other); the returned function
+ * reads the result in a handler.
+ */
+export function planeTargets(app: FastifyInstance, core: LoopsCore, kind: 'trainer'): (req: FastifyRequest) => PlaneTarget<RunRecord>;
+export function planeTargets(app: FastifyInstance, core: LoopsCore, kind: 'sampler'): (req: FastifyRequest) => PlaneTarget<SamplerRecord>;
+export function planeTargets(app: FastifyInstance, core: LoopsCore, kind: PlaneKind): (req: FastifyRequest) => PlaneTarget<RunRecord | SamplerRecord> {
+  const param = kind === 'trainer' ? 'run_id' : 'sampler_id';
+  const targets = new WeakMap<FastifyRequest, PlaneTarget<RunRecord | SamplerRecord>>();
+  app.addHook('onRequest', async (req, reply) => {
+    const id = (req.params as Record<string, string | undefined>)[param];
+    if (id !== undefined) targets.set(req, kind === 'trainer' ? resolvePlane(core, 'trainer', req, reply, id) : resolvePlane(core, 'sampler', req, reply, id));
+  });
+  return (req) => targets.get(req)!;
 }

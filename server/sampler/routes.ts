@@ -6,7 +6,7 @@ import { invalid, LoopsError } from '../core/errors.js';
 import type { SamplerRecord } from '../core/records.js';
 import { FloorNotReached, samplerGate, type Served } from '../core/sampling.js';
 import { sendError } from '../http/errors.js';
-import { resolvePlane, type PlaneTarget } from '../planes/plane.js';
+import { planeTargets } from '../planes/plane.js';
 import { ComputeLogprobsRequest, CompletionsRequest, SampleRequest, SamplerParams } from './schemas.js';
 
 const STARTING = new Set(['BUILDING', 'DEPLOYING', 'LOADING_MODEL', 'WAKING_UP', 'UPDATING']);
@@ -15,12 +15,8 @@ const STARTING = new Set(['BUILDING', 'DEPLOYING', 'LOADING_MODEL', 'WAKING_UP',
 export function samplerPlaneRoutes(appIn: FastifyInstance, core: LoopsCore): void {
   const app = appIn.withTypeProvider<TypeBoxTypeProvider>();
   const tags = ['sampler'];
-  app.decorateRequest('samplerTarget', null as never);
-  app.addHook('onRequest', async (req, reply) => {
-    const id = (req.params as { sampler_id?: string }).sampler_id;
-    if (id !== undefined) (req as unknown as { samplerTarget: PlaneTarget<SamplerRecord> }).samplerTarget = resolvePlane(core, 'sampler', req, reply, id);
-  });
-  const target = (req: unknown) => (req as { samplerTarget: PlaneTarget<SamplerRecord> }).samplerTarget.record;
+  const targetOf = planeTargets(appIn, core, 'sampler');
+  const target = (req: FastifyRequest) => targetOf(req).record;
 
   /** Refuses requests a stopped or starting sampler cannot serve; wakes a scaled-to-zero one. */
   const ready = (s: SamplerRecord, reply: FastifyReply) => {

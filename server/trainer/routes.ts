@@ -6,7 +6,7 @@ import { LoopsError } from '../core/errors.js';
 import type { RunRecord } from '../core/records.js';
 import { TRAINER_OPS, type TrainerOp } from '../core/trainers.js';
 import { sendError } from '../http/errors.js';
-import { resolvePlane, type PlaneTarget } from '../planes/plane.js';
+import { planeTargets } from '../planes/plane.js';
 import {
   ForwardRequest, HealthResponse, InitRequest, LoadRequest, OperationIdResponse, OperationResponse, OptimStepRequest, PolicyVersionResponse,
   SaveForSamplerRequest, SaveRequest,
@@ -34,13 +34,7 @@ export interface TrainerPlaneOptions {
 /** The trainer of each run at `run.base_url` = `{public_url}/trainer/{run_id}`: submit-then-poll operations. */
 export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore, options: TrainerPlaneOptions): void {
   const app = appIn.withTypeProvider<TypeBoxTypeProvider>();
-  // Before validation, so that refused requests are counted and logged like any other.
-  app.decorateRequest('trainerTarget', null as never);
-  app.addHook('onRequest', async (req, reply) => {
-    const runId = (req.params as { run_id?: string }).run_id;
-    if (runId !== undefined) (req as unknown as { trainerTarget: PlaneTarget<RunRecord> }).trainerTarget = resolvePlane(core, 'trainer', req, reply, runId);
-  });
-  const target = (req: unknown) => (req as { trainerTarget: PlaneTarget<RunRecord> }).trainerTarget;
+  const target = planeTargets(appIn, core, 'trainer');
   const tags = ['trainer'];
   const activeRun = (run: RunRecord) => {
     if (run.status !== 'ACTIVE') {
