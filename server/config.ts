@@ -36,6 +36,19 @@ export interface ServerOptions {
   device: 'cpu' | 'cuda';
   /** Model name → a tokenizer.json (or its folder) to use instead of the built-in one. */
   tokenizers: Record<string, string>;
+  /** Serve the admin API under /_mock/. */
+  admin: boolean;
+  /** When set, the admin API needs `Authorization: Bearer <token>`. */
+  adminToken?: string;
+  /** real: the wall clock; virtual: time stands still until POST /_mock/clock/advance moves it. */
+  clockMode: 'real' | 'virtual';
+  /** Requests the journal keeps in memory, and a file it also appends them to (NDJSON). */
+  journalSize: number;
+  journalFile?: string;
+  /** A scenario file (JSON or YAML) or the name of a shipped one, applied at start. */
+  scenario?: string;
+  /** Seed of fault rules that give none. */
+  faultSeed: number;
 }
 
 export const DEFAULTS: ServerOptions = {
@@ -54,6 +67,10 @@ export const DEFAULTS: ServerOptions = {
   floorWaitMs: 2000,
   longPollMs: 25_000,
   operationTtlMs: 600_000,
+  admin: false,
+  clockMode: 'real',
+  journalSize: 10_000,
+  faultSeed: 1,
 };
 
 export class ConfigError extends Error {}
@@ -64,6 +81,14 @@ interface FlagSpec {
   help: string;
   set: Setter;
   repeatable?: boolean;
+  /** A switch: `--flag` alone means true; `--flag=false` (or env 0/false) turns it off. */
+  boolean?: boolean;
+}
+
+function truth(flag: string, value: string): boolean {
+  if (/^(1|true|yes|on)$/i.test(value)) return true;
+  if (/^(0|false|no|off)$/i.test(value)) return false;
+  throw new ConfigError(`--${flag} is a switch: give it alone, or as --${flag}=true / --${flag}=false, got '${value}'`);
 }
 
 function integer(flag: string, min: number, max: number): (value: string) => number {
@@ -124,6 +149,16 @@ export const FLAGS: Record<string, FlagSpec> = {
       }
     },
   },
+  admin: { help: 'serve the admin API under /_mock/ (faults, journal, scenarios, clock; see docs/admin.md)', boolean: true, set: (o, v) => { o.admin = truth('admin', v); } },
+  'admin-token': { help: 'require Authorization: Bearer TOKEN on the admin API', set: (o, v) => { if (!v) throw new ConfigError('--admin-token must not be empty'); o.adminToken = v; } },
+  clock: {
+    help: 'real (default), or virtual: time stands still until POST /_mock/clock/advance moves it',
+    set: (o, v) => { if (v !== 'real' && v !== 'virtual') throw new ConfigError(`--clock must be real or virtual, got '${v}'`); o.clockMode = v; },
+  },
+  journal: { help: 'also append every journal entry to this file as NDJSON', set: (o, v) => { if (!v) throw new ConfigError('--journal must not be empty'); o.journalFile = v; } },
+  'journal-size': { help: 'requests the journal keeps in memory (default 10000)', set: (o, v) => { o.journalSize = integer('journal-size', 1, 10_000_000)(v); } },
+  scenario: { help: 'a scenario file (JSON or YAML) or a shipped scenario name, applied at start', set: (o, v) => { if (!v) throw new ConfigError('--scenario must not be empty'); o.scenario = v; } },
+  'fault-seed': { help: 'seed of fault rules that give none (default 1)', set: (o, v) => { o.faultSeed = integer('fault-seed', 0, 2 ** 32 - 1)(v); } },
   'presign-ttl-s': { help: 'lifetime of checkpoint download URLs in seconds (default 3600)', set: (o, v) => { o.presignTtlSeconds = integer('presign-ttl-s', 1, 7 * 86400)(v); } },
 };
 
@@ -144,7 +179,7 @@ export function parseOptions(argv: string[], env: NodeJS.ProcessEnv = {}): Serve
     const [, flag, inline] = m as unknown as [string, string, string | undefined];
     const spec = FLAGS[flag];
     if (!spec) throw new ConfigError(`unknown flag --${flag}`);
-    const value = inline ?? argv[++i];
+    const value = spec.boolean ? inline ?? 'true' : inline ?? argv[++i];
     if (value === undefined) throw new ConfigError(`--${flag} needs a value`);
     // Keys given as flags replace those from the environment rather than adding to them.
     if (flag === 'api-key' && !keysFromFlags) { options.apiKeys = []; keysFromFlags = true; }

@@ -3,6 +3,8 @@ import { EnginePool, findBaseModel, probeDevice, Tokenizers } from '../models/in
 import { ConfigError, DEFAULTS, type ServerOptions } from './config.js';
 import { LoopsCore } from './core/core.js';
 import type { Clock } from './core/clock.js';
+import { applyScenario, parseScenario, readScenarioSource, type ScenarioSpec } from './admin/scenario.js';
+import { ManualClock } from './core/clock.js';
 import { buildApp } from './http/app.js';
 
 export { ManualClock, RealClock, type Clock } from './core/clock.js';
@@ -10,6 +12,7 @@ export { LoopsCore, type CoreOptions } from './core/core.js';
 export { buildApp } from './http/app.js';
 export { parseOptions, ConfigError, DEFAULTS, type ServerOptions } from './config.js';
 export { VERSION } from './version.js';
+export { MockAdmin } from './admin/client.js';
 
 /** The key `startServer` and the CLI hand out when no --api-key is configured; any non-empty key works then. */
 export const DEFAULT_API_KEY = 'loops-mock-local-key';
@@ -63,18 +66,40 @@ async function prepareEngines(options: ServerOptions): Promise<EnginePool> {
 export async function startServer(overrides: StartOptions = {}): Promise<RunningServer> {
   const options: ServerOptions = { ...DEFAULTS, ...overrides, apiKeys: overrides.apiKeys ?? [], tokenizers: overrides.tokenizers ?? {}, weightSyncDelayMs: overrides.weightSyncDelayMs ?? DEFAULTS.weightSyncDelayMs };
   const engines = await prepareEngines(options);
+  // Read before anything starts, so a bad scenario fails the start with its line.
+  let scenario: ScenarioSpec | undefined;
+  if (options.scenario) {
+    try {
+      const { text, source } = readScenarioSource(options.scenario);
+      scenario = parseScenario(text, source);
+    } catch (err) {
+      throw new ConfigError(`--scenario ${options.scenario}: ${(err as Error).message}`);
+    }
+  }
   const core = new LoopsCore({
     engines,
     dataDir: options.dataDir,
     apiKeys: options.apiKeys,
-    clock: overrides.clock,
-    coldStartMs: options.coldStartMs,
-    deactivationMs: options.deactivationMs,
-    samplerReplicas: options.samplerReplicas,
+    clock: overrides.clock ?? (options.clockMode === 'virtual' ? new ManualClock(Date.now()) : undefined),
+    settings: {
+      coldStartMs: options.coldStartMs,
+      deactivationMs: options.deactivationMs,
+      samplerReplicas: options.samplerReplicas,
+      weightSyncDelayMs: options.weightSyncDelayMs,
+      floorWaitMs: options.floorWaitMs,
+      longPollMs: options.longPollMs,
+      operationTtlMs: options.operationTtlMs,
+    },
     presignTtlMs: options.presignTtlSeconds * 1000,
-    operationTtlMs: options.operationTtlMs,
-    sampling: { weightSyncDelayMs: options.weightSyncDelayMs, floorWaitMs: options.floorWaitMs },
+    journalSize: options.journalSize,
+    journalFile: options.journalFile,
+    faultSeed: options.faultSeed,
   });
+  if (scenario) {
+    const startup = scenario;
+    applyScenario(core, startup);
+    core.onReset(() => applyScenario(core, startup));
+  }
   let publicUrl = options.publicUrl ?? '';
   let app: FastifyInstance;
   try {

@@ -1,13 +1,19 @@
+import { rmSync } from 'node:fs';
+import { join } from 'node:path';
 import { EnginePool } from '../../models/index.js';
 import { Accounts, type ApiKeySpec } from './accounts.js';
 import { Checkpoints } from './checkpoints.js';
 import { RealClock, type Clock } from './clock.js';
 import { DeploymentLogs } from './deployment-logs.js';
 import { Fleet } from './fleet.js';
+import { Faults } from './faults.js';
+import { Journal } from './journal.js';
 import { Operations } from './operations.js';
+import { Progress } from './progress.js';
 import { SamplerWeights } from './sampler-weights.js';
 import { Trainers } from './trainers.js';
-import { Sampling, type SamplingOptions } from './sampling.js';
+import { Sampling } from './sampling.js';
+import { DEFAULT_SETTINGS, type Settings } from './settings.js';
 import { Store } from './store.js';
 import { Traffic } from './traffic.js';
 import { UserConfigs } from './user-config.js';
@@ -18,61 +24,96 @@ export interface CoreOptions {
   /** When non-empty, only these keys are accepted. */
   apiKeys?: ApiKeySpec[];
   clock?: Clock;
-  coldStartMs?: number;
-  deactivationMs?: number;
-  samplerReplicas?: number;
+  /** Behaviour knobs (cold starts, replicas, floors, long polls...); the rest take their defaults. */
+  settings?: Partial<Settings>;
   /** How long a presigned checkpoint-file URL stays valid. */
   presignTtlMs?: number;
-  /** Sampler replicas: weight-sync delay per replica, floor wait, max_tokens limit. */
-  sampling?: Partial<SamplingOptions>;
-  /** How long a finished operation's result stays retrievable (default 10 minutes). */
-  operationTtlMs?: number;
   /** The model engines' compute: built lazily, one per base model, on first training or sampling. */
   engines?: EnginePool;
+  /** Requests the journal keeps in memory (default 10000), and a file it also appends them to. */
+  journalSize?: number;
+  journalFile?: string;
+  /** Seed of fault rules that give none. */
+  faultSeed?: number;
 }
 
 /**
  * The domain core: owns every record and behaviour, knows nothing of HTTP.
- * Front doors (server/control, later trainer, sampler, admin) call into it.
+ * Front doors (server/control, trainer, sampler, admin) call into it.
+ * Everything but the engines, the clock and the journal is rebuilt by
+ * `reset()`, so front doors read the parts through the core on each request.
  */
 export class LoopsCore {
   readonly clock: Clock;
-  readonly store: Store;
-  readonly accounts: Accounts;
-  readonly logs: DeploymentLogs;
-  readonly traffic: Traffic;
-  readonly checkpoints: Checkpoints;
-  readonly fleet: Fleet;
-  readonly userConfigs: UserConfigs;
   readonly engines: EnginePool;
-  readonly operations: Operations;
-  readonly samplerWeights: SamplerWeights;
-  readonly trainers: Trainers;
-  readonly sampling: Sampling;
+  readonly journal: Journal;
+  /** What the server started with; `settings` is the live copy scenarios and the admin API change. */
+  readonly startupSettings: Settings;
+  settings!: Settings;
+  store!: Store;
+  accounts!: Accounts;
+  logs!: DeploymentLogs;
+  traffic!: Traffic;
+  checkpoints!: Checkpoints;
+  fleet!: Fleet;
+  userConfigs!: UserConfigs;
+  operations!: Operations;
+  samplerWeights!: SamplerWeights;
+  trainers!: Trainers;
+  sampling!: Sampling;
+  faults!: Faults;
+  progress!: Progress;
   private closed = false;
+  private readonly resetListeners: (() => void)[] = [];
 
-  constructor(options: CoreOptions = {}) {
+  constructor(private readonly options: CoreOptions = {}) {
     this.clock = options.clock ?? new RealClock();
-    this.store = new Store(options.dataDir);
-    this.accounts = new Accounts(this.store, this.clock, options.apiKeys ?? []);
+    this.engines = options.engines ?? new EnginePool();
+    this.journal = new Journal(options.journalSize ?? 10_000, options.journalFile);
+    this.startupSettings = { ...DEFAULT_SETTINGS, ...options.settings };
+    this.build();
+  }
+
+  private build(): void {
+    const o = this.options;
+    this.settings = structuredClone(this.startupSettings);
+    this.store = new Store(o.dataDir);
+    this.accounts = new Accounts(this.store, this.clock, o.apiKeys ?? []);
     this.logs = new DeploymentLogs(this.store, this.clock);
     this.traffic = new Traffic(this.clock);
-    this.checkpoints = new Checkpoints(this.store, this.clock, options.dataDir, options.presignTtlMs ?? 3_600_000);
-    this.fleet = new Fleet(this.store, this.clock, this.logs, this.checkpoints, {
-      coldStartMs: options.coldStartMs ?? 0,
-      deactivationMs: options.deactivationMs ?? 0,
-      samplerReplicas: options.samplerReplicas ?? 1,
-    });
+    this.checkpoints = new Checkpoints(this.store, this.clock, o.dataDir, o.presignTtlMs ?? 3_600_000);
+    this.fleet = new Fleet(this.store, this.clock, this.logs, this.checkpoints, this.settings);
     this.userConfigs = new UserConfigs(this.store);
-    this.engines = options.engines ?? new EnginePool();
-    this.operations = new Operations(this.clock, { ttlMs: options.operationTtlMs ?? 600_000 });
+    this.progress = new Progress(this.clock);
+    this.faults = new Faults(o.faultSeed ?? 1);
+    this.operations = new Operations(this.clock, this.settings, this.progress);
     this.samplerWeights = new SamplerWeights();
     this.trainers = new Trainers(this.fleet, this.checkpoints, this.engines, this.operations, this.samplerWeights);
-    this.sampling = new Sampling(this.fleet, this.checkpoints, this.engines, this.samplerWeights, this.clock, {
-      weightSyncDelayMs: options.sampling?.weightSyncDelayMs ?? [0],
-      floorWaitMs: options.sampling?.floorWaitMs ?? 2000,
-      maxTokensLimit: options.sampling?.maxTokensLimit ?? 4096,
-    });
+    this.sampling = new Sampling(this.fleet, this.checkpoints, this.engines, this.samplerWeights, this.clock, this.settings);
+  }
+
+  /**
+   * Back to an empty server with the configuration it started with: every
+   * record, checkpoint, operation, fault and progress rule and journal entry
+   * gone, settings as at start. Long polls in flight are answered 503.
+   */
+  reset(): void {
+    this.operations.shutdown();
+    this.fleet.close();
+    this.store.close();
+    if (this.options.dataDir) {
+      for (const name of ['loops-mock.sqlite', 'loops-mock.sqlite-wal', 'loops-mock.sqlite-shm', 'checkpoints']) {
+        rmSync(join(this.options.dataDir, name), { recursive: true, force: true });
+      }
+    }
+    this.journal.clear();
+    this.build();
+    for (const listener of this.resetListeners) listener();
+  }
+
+  /** Runs after each reset, on the fresh parts (the start-up scenario is applied again this way). */
+  onReset(listener: () => void): void {
+    this.resetListeners.push(listener);
   }
 
   /** Stops accepting work: long polls answer 503 from now on. */

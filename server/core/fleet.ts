@@ -7,16 +7,10 @@ import { newModelId, newResourceId } from './ids.js';
 import type {
   DeploymentRecord, DeploymentStatus, Ownership, Principal, RunRecord, SamplerRecord, SamplerStatus, SessionRecord,
 } from './records.js';
+import type { Settings } from './settings.js';
 import type { Store } from './store.js';
 
-export interface FleetOptions {
-  /** How long a new trainer or sampler takes to become ready. 0 = at once. */
-  coldStartMs: number;
-  /** How long a sampler stays DEACTIVATING before it is INACTIVE. 0 = at once. */
-  deactivationMs: number;
-  /** Replicas of each new sampler. */
-  samplerReplicas: number;
-}
+export type FleetOptions = Pick<Settings, 'coldStartMs' | 'deactivationMs' | 'samplerReplicas' | 'runIdleTimeoutMs' | 'samplerIdleMs'>;
 
 /** Largest LoRA rank the engine builds adapters for. */
 export const MAX_LORA_RANK = 128;
@@ -66,6 +60,8 @@ export class Fleet {
   private readonly samplers = new Map<string, SamplerRecord>();
   /** Last trainer activity per run, for the idle timeout. */
   private readonly lastActivity = new Map<string, number>();
+  /** Last request per sampler, for the sampler idle timeout (samplerIdleMs). */
+  private readonly samplerActivity = new Map<string, number>();
   private readonly timers = new Set<Timer>();
   /** Called whenever a run stops, with the reason (the trainer fails its pending operations). */
   private readonly runStoppedListeners: ((run: RunRecord, reason: string) => void)[] = [];
@@ -201,6 +197,26 @@ export class Fleet {
     if (this.runs.get(runId)?.status === 'ACTIVE') this.lastActivity.set(runId, Math.max(this.clock.now(), this.lastActivity.get(runId) ?? 0));
   }
 
+  /** Any sampler request keeps its sampler warm. */
+  touchSampler(samplerId: string): void {
+    if (this.samplers.has(samplerId)) this.samplerActivity.set(samplerId, this.clock.now());
+  }
+
+  /** The admin API changed a sampler's replica count. */
+  setSamplerReplicas(s: SamplerRecord, count: number): void {
+    s.replicas = count;
+    this.putSampler(s);
+    this.logSampler(s, 'INFO', `Sampler ${s.id} now has ${count} replica(s)`);
+  }
+
+  /** Deactivates a run or sampler as if from outside (a fault rule's `deactivate`), with the reason logged. */
+  deactivateNow(target: { run?: RunRecord; sampler?: SamplerRecord }, reason: string): void {
+    this.store.transaction(() => {
+      if (target.run && target.run.status === 'ACTIVE') this.stopRun(target.run, reason, 'STOPPED');
+      if (target.sampler) this.stopSampler(target.sampler, reason);
+    });
+  }
+
   onRunStopped(listener: (run: RunRecord, reason: string) => void): void {
     this.runStoppedListeners.push(listener);
   }
@@ -323,6 +339,7 @@ export class Fleet {
       s.status = 'ACTIVE';
       this.putSampler(s);
       this.logSampler(s, 'INFO', `Sampler ${s.id} is ACTIVE`);
+      this.armSamplerIdleTimer(s);
     };
     if (this.options.coldStartMs > 0) this.after(this.options.coldStartMs, ready);
     else ready();
@@ -425,7 +442,25 @@ export class Fleet {
       s.status = to;
       this.putSampler(s);
       this.logSampler(s, 'INFO', `Sampler ${s.id} is ${to}`);
+      if (to === 'ACTIVE') this.armSamplerIdleTimer(s);
     });
+  }
+
+  /** With samplerIdleMs set, an ACTIVE sampler with no request for that long is SCALED_TO_ZERO; the next request wakes it. */
+  private armSamplerIdleTimer(s: SamplerRecord): void {
+    const limit = this.options.samplerIdleMs;
+    if (limit === null) return;
+    this.samplerActivity.set(s.id, Math.max(this.clock.now(), this.samplerActivity.get(s.id) ?? 0));
+    const check = () => {
+      const current = this.options.samplerIdleMs;
+      if (s.status !== 'ACTIVE' || current === null) return;
+      const idleFor = this.clock.now() - (this.samplerActivity.get(s.id) ?? s.created_at);
+      if (idleFor < current) return this.after(current - idleFor, check);
+      s.status = 'SCALED_TO_ZERO';
+      this.putSampler(s);
+      this.logSampler(s, 'INFO', `Sampler ${s.id} SCALED_TO_ZERO: no request for ${current} ms`);
+    };
+    this.after(limit, check);
   }
 
   /** CREATED → DEPLOYING → RUNNING over the cold start. */
@@ -452,11 +487,16 @@ export class Fleet {
     const check = () => {
       if (run.status !== 'ACTIVE') return;
       const idleFor = this.clock.now() - (this.lastActivity.get(run.id) ?? run.created_at);
-      const limit = run.scale_down_delay_seconds * 1000;
-      if (idleFor >= limit) this.store.transaction(() => this.stopRun(run, `idle for ${run.scale_down_delay_seconds}s (scale_down_delay_seconds)`, 'SCALED_TO_ZERO'));
+      const limit = this.idleLimitMs(run);
+      const why = this.options.runIdleTimeoutMs === null ? `idle for ${run.scale_down_delay_seconds}s (scale_down_delay_seconds)` : `idle for ${limit} ms (run_idle_timeout_ms setting)`;
+      if (idleFor >= limit) this.store.transaction(() => this.stopRun(run, why, 'SCALED_TO_ZERO'));
       else this.after(limit - idleFor, check);
     };
-    this.after(run.scale_down_delay_seconds * 1000 + this.options.coldStartMs, check);
+    this.after(this.idleLimitMs(run) + this.options.coldStartMs, check);
+  }
+
+  private idleLimitMs(run: RunRecord): number {
+    return this.options.runIdleTimeoutMs ?? run.scale_down_delay_seconds * 1000;
   }
 
   /** Stops a run, its deployment and its paired sampler. */

@@ -1,6 +1,7 @@
 import { createHash, randomUUID } from 'node:crypto';
 import type { Clock } from './clock.js';
-import { conflict } from './errors.js';
+import { conflict, notFound } from './errors.js';
+import type { Hold, Progress } from './progress.js';
 
 export type OperationStatus = 'queued' | 'running' | 'done' | 'error';
 
@@ -35,11 +36,24 @@ interface Entry {
   key?: string;
   bodyHash?: string;
   waiters: Set<(outcome: WaitOutcome) => void>;
+  /** A progress rule holding the result back (see progress.ts). */
+  hold?: Hold;
 }
 
 export interface OperationOptions {
   /** How long a finished operation's result stays retrievable. */
-  ttlMs: number;
+  operationTtlMs: number;
+}
+
+/** An operation whose result a progress rule is holding back. */
+export interface HeldOperation {
+  operation_id: string;
+  run_id: string;
+  op: string;
+  status: OperationStatus;
+  rule: string;
+  mode: string;
+  polls_seen: number;
 }
 
 /**
@@ -56,13 +70,17 @@ export class Operations {
   private readonly finished: Entry[] = [];
   private closed = false;
 
-  constructor(private readonly clock: Clock, private readonly options: OperationOptions) {}
+  constructor(private readonly clock: Clock, private readonly options: OperationOptions, private readonly progress: Progress) {}
 
   get isClosed(): boolean {
     return this.closed;
   }
 
-  /** Queues `work` behind the run's earlier operations, or returns the operation an idempotency key already names. */
+  /**
+   * Queues `work` behind the run's earlier operations, or returns the
+   * operation an idempotency key already names. A progress rule may hold its
+   * result back; the run's next operation waits for it, as behind a slow one.
+   */
   submit(runId: string, op: string, body: unknown, idempotencyKey: string | undefined, work: (operation: Operation) => Promise<unknown>): Operation {
     this.sweep();
     const bodyHash = createHash('sha256').update(`${op}\n${JSON.stringify(body)}`).digest('hex');
@@ -77,20 +95,22 @@ export class Operations {
       }
     }
     const operation: Operation = { id: randomUUID(), runId, op, status: 'queued', submittedAt: this.clock.now() };
-    const entry: Entry = { op: operation, key: keyId, bodyHash, waiters: new Set() };
+    const entry: Entry = { op: operation, key: keyId, bodyHash, waiters: new Set(), hold: this.progress.holdFor(runId, op) };
     this.entries.set(operation.id, entry);
     if (keyId) this.byKey.set(keyId, entry);
     const previous = this.chains.get(runId) ?? Promise.resolve();
     const next = previous.then(async () => {
       if (operation.status !== 'queued') return;
       operation.status = 'running';
+      let outcome: { result: unknown } | { failure: OperationFailure };
       try {
-        const result = await work(operation);
-        this.finish(entry, 'done', result);
+        outcome = { result: await work(operation) };
       } catch (err) {
-        const failure = err instanceof OperationFailure ? err : new OperationFailure((err as Error)?.name && (err as Error).name !== 'Error' ? (err as Error).name : 'RuntimeError', (err as Error)?.message ?? String(err));
-        this.finish(entry, 'error', undefined, { message: failure.message, error_class: failure.errorClass });
+        outcome = { failure: err instanceof OperationFailure ? err : new OperationFailure((err as Error)?.name && (err as Error).name !== 'Error' ? (err as Error).name : 'RuntimeError', (err as Error)?.message ?? String(err)) };
       }
+      if (entry.hold) await entry.hold.released;
+      if ('result' in outcome) this.finish(entry, 'done', outcome.result);
+      else this.finish(entry, 'error', undefined, { message: outcome.failure.message, error_class: outcome.failure.errorClass });
     });
     this.chains.set(runId, next);
     return operation;
@@ -101,6 +121,40 @@ export class Operations {
     this.sweep();
     const entry = this.entries.get(id);
     return entry && entry.op.runId === runId ? entry.op : undefined;
+  }
+
+  /** Any run's operation by id (the admin API releases held ones). */
+  find(id: string): Operation | undefined {
+    this.sweep();
+    return this.entries.get(id)?.op;
+  }
+
+  /** Counts a poll of a held operation; the poll a rule names releases it. */
+  notePoll(op: Operation): void {
+    const hold = this.entries.get(op.id)?.hold;
+    if (!hold || hold.isReleased) return;
+    hold.pollsSeen++;
+    if (hold.mode === 'after_polls' && hold.pollsSeen >= hold.polls) hold.release();
+  }
+
+  /** Releases a held operation's result now. */
+  release(id: string): Operation {
+    const entry = this.entries.get(id);
+    if (!entry) throw notFound(`No operation '${id}': unknown or expired.`, { field: 'operation_id' });
+    if (!entry.hold || entry.hold.isReleased) throw conflict(`Operation ${id} is not held by a progress rule (its status is ${entry.op.status}).`, { field: 'operation_id' });
+    entry.hold.release();
+    return entry.op;
+  }
+
+  /** Operations whose results are held back now. */
+  held(): HeldOperation[] {
+    const out: HeldOperation[] = [];
+    for (const { op, hold } of this.entries.values()) {
+      if (hold && !hold.isReleased && (op.status === 'queued' || op.status === 'running')) {
+        out.push({ operation_id: op.id, run_id: op.runId, op: op.op, status: op.status, rule: hold.rule, mode: hold.mode, polls_seen: hold.pollsSeen });
+      }
+    }
+    return out;
   }
 
   /** Resolves when the operation finishes, the window passes, or the server shuts down. `cancel` drops the wait (a client gone). */
@@ -150,7 +204,7 @@ export class Operations {
 
   /** Forgets results past retention, with their idempotency keys: only the expired ones are touched. */
   private sweep(): void {
-    const cutoff = this.clock.now() - this.options.ttlMs;
+    const cutoff = this.clock.now() - this.options.operationTtlMs;
     let expired = 0;
     while (expired < this.finished.length && this.finished[expired]!.op.finishedAt! < cutoff) {
       const entry = this.finished[expired++]!;

@@ -2,20 +2,14 @@ import { createHash } from 'node:crypto';
 import { readAdapter, sampleSequences, zeroAdapter, type EnginePool, type LoraAdapter, type SampledSequence, type SamplingParams } from '../../models/index.js';
 import { parseCheckpointPath, type Checkpoints } from './checkpoints.js';
 import type { Clock, Timer } from './clock.js';
-import { LoopsError } from './errors.js';
+import { LoopsError, notFound } from './errors.js';
 import { modelInputTokens, type ModelInputWire } from './model-input.js';
 import type { Fleet } from './fleet.js';
 import type { SamplerRecord } from './records.js';
 import type { Publication, SamplerWeights } from './sampler-weights.js';
+import type { Settings } from './settings.js';
 
-export interface SamplingOptions {
-  /** Delay before a replica makes a publication live, per replica (the last value repeats). */
-  weightSyncDelayMs: number[];
-  /** How long a request below its floor waits for a replica to catch up before 408. */
-  floorWaitMs: number;
-  /** Largest max_tokens a request may ask for. */
-  maxTokensLimit: number;
-}
+export type SamplingOptions = Pick<Settings, 'weightSyncDelayMs' | 'floorWaitMs' | 'maxTokensLimit'>;
 
 interface Replica {
   index: number;
@@ -23,6 +17,19 @@ interface Replica {
   adapter: LoraAdapter | null;
   /** Publication being synced, with its timer. */
   syncing: { version: number; timer: Timer } | null;
+  /** Set through the admin API: this replica's own sync delay instead of the settings'. */
+  delayMs: number | null;
+  /** A paused replica keeps serving what it has; the newest publication waits here until resumed. */
+  paused: boolean;
+  pending: Publication | null;
+}
+
+/** A replica as the admin API shows it. */
+export interface ReplicaState extends ReplicaView {
+  syncing_version: number | null;
+  sync_delay_ms: number;
+  paused: boolean;
+  pending_version: number | null;
 }
 
 interface SamplerState {
@@ -159,7 +166,7 @@ export class Sampling {
   private state(s: SamplerRecord): SamplerState {
     let state = this.states.get(s.id);
     if (!state) {
-      state = { replicas: Array.from({ length: s.replicas }, (_, index) => ({ index, liveVersion: 0, adapter: null, syncing: null })), waiters: new Set(), roundRobin: 0 };
+      state = { replicas: Array.from({ length: s.replicas }, (_, index) => newReplica(index)), waiters: new Set(), roundRobin: 0 };
       this.states.set(s.id, state);
       // A standalone sampler of a checkpoint serves that adapter from the start.
       if (s.model_path) {
@@ -182,23 +189,78 @@ export class Sampling {
     const s = this.fleet.findSampler(samplerId);
     if (!s || !this.states.has(samplerId)) return; // state() picks up the latest publication when first used
     const state = this.states.get(samplerId)!;
-    for (const replica of state.replicas) {
-      if (publication.version < replica.liveVersion) continue;
-      if (replica.syncing && replica.syncing.version > publication.version) continue;
-      replica.syncing?.timer.cancel();
-      const delays = this.options.weightSyncDelayMs;
-      const delay = delays[Math.min(replica.index, delays.length - 1)] ?? 0;
-      const goLive = () => {
-        replica.syncing = null;
-        if (publication.version < replica.liveVersion) return;
-        replica.adapter = publication.adapter;
-        replica.liveVersion = publication.version;
-        for (const w of [...state.waiters]) w();
-      };
-      if (delay <= 0) goLive();
-      else replica.syncing = { version: publication.version, timer: this.clock.setTimer(delay, goLive) };
-    }
+    for (const replica of state.replicas) this.syncReplica(state, replica, publication);
   }
+
+  private syncReplica(state: SamplerState, replica: Replica, publication: Publication): void {
+    if (publication.version < replica.liveVersion) return;
+    if (replica.paused) {
+      if (!replica.pending || replica.pending.version < publication.version) replica.pending = publication;
+      return;
+    }
+    if (replica.syncing && replica.syncing.version > publication.version) return;
+    replica.syncing?.timer.cancel();
+    const delay = this.delayOf(replica);
+    const goLive = () => {
+      replica.syncing = null;
+      if (publication.version < replica.liveVersion) return;
+      replica.adapter = publication.adapter;
+      replica.liveVersion = publication.version;
+      for (const w of [...state.waiters]) w();
+    };
+    if (delay <= 0) goLive();
+    else replica.syncing = { version: publication.version, timer: this.clock.setTimer(delay, goLive) };
+  }
+
+  private delayOf(replica: Replica): number {
+    if (replica.delayMs !== null) return replica.delayMs;
+    const delays = this.options.weightSyncDelayMs;
+    return delays[Math.min(replica.index, delays.length - 1)] ?? 0;
+  }
+
+  // ---- replica control (admin API) ------------------------------------------
+
+  replicaStates(s: SamplerRecord): ReplicaState[] {
+    return this.state(s).replicas.map((r) => ({
+      replica: r.index, policy_version: r.liveVersion, syncing_version: r.syncing?.version ?? null,
+      sync_delay_ms: this.delayOf(r), paused: r.paused, pending_version: r.pending?.version ?? null,
+    }));
+  }
+
+  /** Grows or shrinks a sampler's replicas; a new replica starts with the newest publication live, as a freshly booted one would. */
+  setReplicaCount(s: SamplerRecord, count: number): void {
+    const state = this.state(s);
+    while (state.replicas.length > count) state.replicas.pop()!.syncing?.timer.cancel();
+    const latest = this.weights.get(s.id);
+    while (state.replicas.length < count) {
+      const r = newReplica(state.replicas.length);
+      if (latest) { r.adapter = latest.adapter; r.liveVersion = latest.version; }
+      else r.adapter = state.replicas[0]?.adapter ?? null;
+      state.replicas.push(r);
+    }
+    this.fleet.setSamplerReplicas(s, count);
+    for (const w of [...state.waiters]) w();
+  }
+
+  /** Sets one replica's sync delay (null: back to the settings') and pauses or resumes its sync. */
+  controlReplica(s: SamplerRecord, index: number, change: { sync_delay_ms?: number | null; paused?: boolean }): ReplicaState {
+    const state = this.state(s);
+    const replica = state.replicas[index];
+    if (!replica) throw notFound(`Sampler ${s.id} has no replica ${index}: it has ${state.replicas.length} (0..${state.replicas.length - 1}).`, { field: 'replica' });
+    if (change.sync_delay_ms !== undefined) replica.delayMs = change.sync_delay_ms;
+    if (change.paused === true) replica.paused = true;
+    if (change.paused === false && replica.paused) {
+      replica.paused = false;
+      const pending = replica.pending;
+      replica.pending = null;
+      if (pending) this.syncReplica(state, replica, pending);
+    }
+    return this.replicaStates(s)[index]!;
+  }
+}
+
+function newReplica(index: number): Replica {
+  return { index, liveVersion: 0, adapter: null, syncing: null, delayMs: null, paused: false, pending: null };
 }
 
 export function samplerGate(s: SamplerRecord): void {

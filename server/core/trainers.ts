@@ -80,11 +80,16 @@ export class Trainers {
     return this.states.get(run.id)?.trainer?.step ?? 0;
   }
 
-  /** Validates a request fully, then queues it; returns the operation (an earlier one for a reused Idempotency-Key). */
-  submit(p: Principal, run: RunRecord, op: TrainerOp, body: Record<string, unknown>, idempotencyKey: string | undefined): Operation {
+  /**
+   * Validates a request fully, then queues it; returns the operation (an
+   * earlier one for a reused Idempotency-Key). `injectedFailure` (a fault
+   * rule) makes the operation end with that error instead of running.
+   */
+  submit(p: Principal, run: RunRecord, op: TrainerOp, body: Record<string, unknown>, idempotencyKey: string | undefined, injectedFailure?: OperationFailure): Operation {
     const work = this.prepare(p, run, op, body);
     return this.operations.submit(run.id, op, body, idempotencyKey, async () => {
       await this.state(run).ready;
+      if (injectedFailure) throw injectedFailure;
       const state = this.states.get(run.id);
       if (!state?.trainer || run.status !== 'ACTIVE') throw new OperationFailure('RunDeactivated', `Run ${run.id} is INACTIVE; its trainer is gone.`);
       try {

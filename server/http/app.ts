@@ -3,6 +3,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { ServerOptions } from '../config.js';
 import type { LoopsCore } from '../core/core.js';
 import { LoopsError } from '../core/errors.js';
+import { adminRoutes } from '../admin/routes.js';
 import { accountRoutes } from '../control/account.js';
 import { checkpointDownloadRoute, checkpointRoutes } from '../control/checkpoints.js';
 import type { ControlContext } from '../control/context.js';
@@ -15,10 +16,12 @@ import { trainerRoutes } from '../trainer/routes.js';
 import { VERSION } from '../version.js';
 import { apiKeyOf, requirePrincipal } from './auth.js';
 import { installErrorHandler, installNotFoundHandler, sendError } from './errors.js';
+import { installFaults } from './fault-hook.js';
+import { installJournal } from './journal-hook.js';
 import { buildOpenApi } from './openapi.js';
 import { serializerCompiler, validatorCompiler } from './validation.js';
 
-export type AppOptions = Pick<ServerOptions, 'bodyLimit' | 'logLevel' | 'dataDir' | 'longPollMs'> & {
+export type AppOptions = Pick<ServerOptions, 'bodyLimit' | 'logLevel' | 'dataDir' | 'admin' | 'adminToken'> & {
   /** The URL base_url fields start with; a function because the port may be known only after listen. */
   publicUrl: () => string;
 };
@@ -74,6 +77,9 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
   });
 
   installErrorHandler(app, options.bodyLimit);
+  // Root-level hooks: they run for every front door registered below.
+  installJournal(app, core);
+  installFaults(app, core);
   const routes: RouteOptions[] = [];
   app.addHook('onRoute', (route) => { routes.push(route as RouteOptions); });
   installNotFoundHandler(app, routes);
@@ -98,8 +104,9 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
     });
   });
 
-  await app.register(async (trainer) => trainerRoutes(trainer, core, { longPollMs: options.longPollMs }));
+  await app.register(async (trainer) => trainerRoutes(trainer, core));
   await app.register(async (sampler) => samplerPlaneRoutes(sampler, core));
+  if (options.admin) await app.register(async (admin) => adminRoutes(admin, core, { token: options.adminToken }));
 
   app.get('/openapi.json', { schema: { hide: true } as object }, () => buildOpenApi(routes, VERSION, options.publicUrl()));
 

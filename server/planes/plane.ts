@@ -30,6 +30,7 @@ export function resolvePlane(core: LoopsCore, kind: PlaneKind, request: FastifyR
   const done = core.traffic.begin(deploymentId);
   const path = request.url.split('?')[0]!.split('/').slice(3).join('/');
   if (kind === 'trainer') core.fleet.touchRun(id);
+  else core.fleet.touchSampler(id);
   // 'finish' when the answer went out, 'close' when the client left first: counted once either way.
   let counted = false;
   const count = () => {

@@ -6,6 +6,8 @@ import { LoopsError } from '../core/errors.js';
 import type { RunRecord } from '../core/records.js';
 import { TRAINER_OPS, type TrainerOp } from '../core/trainers.js';
 import { sendError } from '../http/errors.js';
+import { faultOf } from '../http/fault-hook.js';
+import { OperationFailure } from '../core/operations.js';
 import { planeTargets } from '../planes/plane.js';
 import {
   ForwardRequest, HealthResponse, InitRequest, LoadRequest, OperationIdResponse, OperationResponse, OptimStepRequest, PolicyVersionResponse,
@@ -26,13 +28,8 @@ const BODIES: Record<TrainerOp, object> = {
 const RunParams = Type.Object({ run_id: Type.String() });
 const OperationParams = Type.Object({ run_id: Type.String(), operation_id: Type.String() });
 
-export interface TrainerPlaneOptions {
-  /** Long-poll window of GET /operations/{id}, below the clients' 30 s. */
-  longPollMs: number;
-}
-
 /** The trainer of each run at `run.base_url` = `{public_url}/trainer/{run_id}`: submit-then-poll operations. */
-export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore, options: TrainerPlaneOptions): void {
+export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore): void {
   const app = appIn.withTypeProvider<TypeBoxTypeProvider>();
   const target = planeTargets(appIn, core, 'trainer');
   const tags = ['trainer'];
@@ -51,22 +48,36 @@ export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore, options: 
       const run = activeRun(record);
       const key = req.headers['idempotency-key'];
       const principal = caller ?? ownerOf(core, run);
-      const operation = core.trainers.submit(principal, run, op, req.body as Record<string, unknown>, Array.isArray(key) ? key[0] : key);
+      const fault = faultOf(req);
+      const injected = fault?.type === 'fail_operation' ? new OperationFailure(fault.error_class, fault.message ?? `${op} failed (injected by a loops-mock fault rule).`) : undefined;
+      const operation = core.trainers.submit(principal, run, op, req.body as Record<string, unknown>, Array.isArray(key) ? key[0] : key, injected);
       return { operation_id: operation.id };
     });
   }
 
   app.get('/trainer/:run_id/operations/:operation_id', {
-    schema: { tags, summary: `Long-poll an operation: 200 done or error, 408 when the window (${options.longPollMs} ms) passes first, 404 unknown or expired, 503 shutting down`, params: OperationParams, response: { 200: OperationResponse } },
+    schema: { tags, summary: 'Long-poll an operation: 200 done or error, 408 when the window (--long-poll-ms) passes first, 404 unknown or expired, 503 shutting down', params: OperationParams, response: { 200: OperationResponse } },
   }, async (req, reply) => {
     const { record } = target(req);
-    const op = core.operations.get(record.id, req.params.operation_id);
+    const operations = core.operations;
+    const op = operations.get(record.id, req.params.operation_id);
     if (!op) return sendError(reply, 404, 'not_found', `No operation '${req.params.operation_id}' on run ${record.id}: unknown, or its result expired. Resubmit with the same Idempotency-Key.`, { field: 'operation_id' });
-    if (core.operations.isClosed) return sendError(reply, 503, 'shutting_down', 'The trainer is shutting down.');
+    if (operations.isClosed) return sendError(reply, 503, 'shutting_down', 'The trainer is shutting down.');
+    operations.notePoll(op);
+    const windowMs = core.settings.longPollMs;
+    if (faultOf(req)?.type === 'hold_poll') {
+      // A fault rule holds this poll for its whole window, done or not.
+      const timedOut = await new Promise<boolean>((resolve) => {
+        const timer = core.clock.setTimer(windowMs, () => resolve(true));
+        reply.raw.once('close', () => { timer.cancel(); resolve(false); });
+      });
+      if (timedOut) return sendError(reply, 408, 'operation_pending', `Operation ${op.id} (${op.op}) is still ${op.status === 'done' || op.status === 'error' ? 'running' : op.status}; poll again.`, { operation_id: op.id, status: 'running' });
+      return reply;
+    }
     if (op.status === 'queued' || op.status === 'running') {
-      const wait = core.operations.wait(op, options.longPollMs);
+      const wait = operations.wait(op, windowMs);
       // A client that hangs up mid-poll costs nothing: its wait is dropped.
-      req.raw.once('close', wait.cancel);
+      reply.raw.once('close', wait.cancel);
       const outcome = await wait.outcome;
       if (outcome === 'shutdown') return sendError(reply, 503, 'shutting_down', 'The trainer is shutting down.');
       if (outcome === 'timeout') return sendError(reply, 408, 'operation_pending', `Operation ${op.id} (${op.op}) is still ${op.status}; poll again.`, { operation_id: op.id, status: op.status });

@@ -1,0 +1,133 @@
+import { appendFileSync } from 'node:fs';
+
+export type Surface = 'control' | 'trainer' | 'sampler' | 'admin';
+export const SURFACES: readonly Surface[] = ['control', 'trainer', 'sampler', 'admin'];
+
+/** One request as the journal keeps it. Never holds an API key. */
+export interface JournalEntry {
+  /** Arrival order, from 1; `since` filters on it. */
+  seq: number;
+  /** Arrival time on the server's clock (virtual under --clock virtual). */
+  time: string;
+  surface: Surface;
+  method: string;
+  /** The path without its query string. */
+  path: string;
+  /** The route template it matched, e.g. /trainer/{run_id}/forward_backward; null when none did. */
+  route: string | null;
+  /** The status sent; 0 when the connection closed with no answer (a dropped connection). */
+  status: number;
+  /** Wall-clock milliseconds from arrival to the last byte (or the drop). */
+  latency_ms: number;
+  run_id?: string;
+  sampler_id?: string;
+  operation_id?: string;
+  /** The trainer operation submitted or polled, or the sampler route's name. */
+  op?: string;
+  headers: {
+    auth: 'bearer' | 'api-key' | 'none';
+    idempotency_key?: string;
+    min_policy_version?: string;
+    affinity_key?: string;
+  };
+  /** The request body, shortened: long arrays and strings are cut, with the count left out said. */
+  body?: unknown;
+  /** What the answer said that clients act on: error type, operation status and class, policy version. */
+  response?: {
+    error_type?: string;
+    operation_status?: string;
+    error_class?: string;
+    policy_version?: number;
+    retry_after?: string;
+  };
+  /** The fault rule that acted on this request, and how. */
+  fault?: { id: string; action: string };
+}
+
+export interface JournalQuery {
+  surface?: Surface;
+  run_id?: string;
+  sampler_id?: string;
+  since?: number;
+  limit?: number;
+}
+
+/**
+ * Every request the server answered, in arrival order: a ring buffer of the
+ * newest `capacity` entries, optionally also appended to a file as NDJSON.
+ */
+export class Journal {
+  private entries: JournalEntry[] = [];
+  private nextSeq = 1;
+  /** Entries the ring buffer let go of, oldest first. */
+  private dropped = 0;
+
+  constructor(private readonly capacity: number, private readonly file?: string) {}
+
+  /** Reserves the next sequence number at a request's arrival. */
+  arrive(): number {
+    return this.nextSeq++;
+  }
+
+  /** Records a finished request; its place is its arrival order. */
+  record(entry: JournalEntry): void {
+    // Finishing order differs from arrival order only for requests that overlapped: insert from the back.
+    let at = this.entries.length;
+    while (at > 0 && this.entries[at - 1]!.seq > entry.seq) at--;
+    this.entries.splice(at, 0, entry);
+    if (this.entries.length > this.capacity) {
+      const over = this.entries.length - this.capacity;
+      this.entries.splice(0, over);
+      this.dropped += over;
+    }
+    if (this.file) {
+      try {
+        appendFileSync(this.file, `${JSON.stringify(entry)}\n`);
+      } catch {
+        // A journal file that cannot be written must never fail the request it records.
+      }
+    }
+  }
+
+  query(q: JournalQuery): JournalEntry[] {
+    const out: JournalEntry[] = [];
+    const limit = q.limit ?? Infinity;
+    for (const e of this.entries) {
+      if (q.since !== undefined && e.seq <= q.since) continue;
+      if (q.surface !== undefined && e.surface !== q.surface) continue;
+      if (q.run_id !== undefined && e.run_id !== q.run_id) continue;
+      if (q.sampler_id !== undefined && e.sampler_id !== q.sampler_id) continue;
+      out.push(e);
+      if (out.length >= limit) break;
+    }
+    return out;
+  }
+
+  get evicted(): number {
+    return this.dropped;
+  }
+
+  get size(): number {
+    return this.entries.length;
+  }
+
+  clear(): void {
+    this.entries = [];
+    this.dropped = 0;
+  }
+}
+
+/**
+ * A bounded copy of a body for the journal: arrays beyond `items` entries and
+ * strings beyond `chars` characters are cut and say how much was left out.
+ */
+export function summarize(value: unknown, items = 8, chars = 200, depth = 5): unknown {
+  if (typeof value === 'string') return value.length > chars ? `${value.slice(0, chars)}…(+${value.length - chars} chars)` : value;
+  if (value === null || typeof value !== 'object') return value;
+  if (depth <= 0) return Array.isArray(value) ? `[${value.length} items]` : '{…}';
+  if (Array.isArray(value)) {
+    const head = value.slice(0, items).map((v) => summarize(v, items, chars, depth - 1));
+    return value.length > items ? [...head, `…(+${value.length - items} items)`] : head;
+  }
+  return Object.fromEntries(Object.entries(value as Record<string, unknown>).map(([k, v]) => [k, summarize(v, items, chars, depth - 1)]));
+}

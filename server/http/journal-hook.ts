@@ -1,0 +1,132 @@
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { LoopsCore } from '../core/core.js';
+import type { FaultAction } from '../core/faults.js';
+import { summarize, type JournalEntry, type Surface } from '../core/journal.js';
+
+/** What the journal and the fault rules learn about one request while it is handled. */
+export interface RequestTrace {
+  seq: number;
+  time: string;
+  started: number;
+  surface: Surface;
+  fault?: { id: string; action: FaultAction };
+  response?: JournalEntry['response'];
+  operationId?: string;
+}
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    trace: RequestTrace;
+  }
+}
+
+export function surfaceOf(url: string): Surface {
+  if (url.startsWith('/_mock/') || url === '/_mock') return 'admin';
+  if (url.startsWith('/trainer/')) return 'trainer';
+  if (url.startsWith('/sampler/')) return 'sampler';
+  return 'control';
+}
+
+/** A Fastify route template in the braces form /openapi.json uses. */
+export function routeTemplate(request: FastifyRequest): string | null {
+  const url = request.routeOptions.url;
+  return url === undefined ? null : url.replace(/:(\w+)/g, '{$1}');
+}
+
+/** The trainer operation or sampler route a request is about, for journal lines and fault matching. */
+export function opOf(core: LoopsCore, request: FastifyRequest, route: string | null): string | undefined {
+  if (!route) return undefined;
+  const params = request.params as Record<string, string | undefined>;
+  if (route === '/trainer/{run_id}/operations/{operation_id}') return params.operation_id ? core.operations.find(params.operation_id)?.op : undefined;
+  if (route.startsWith('/trainer/{run_id}/') || route.startsWith('/sampler/{sampler_id}/')) return route.split('/').pop();
+  return undefined;
+}
+
+function authScheme(request: FastifyRequest): JournalEntry['headers']['auth'] {
+  const h = request.headers.authorization;
+  if (!h) return 'none';
+  return /^api-key\s/i.test(h) ? 'api-key' : 'bearer';
+}
+
+const header = (request: FastifyRequest, name: string) => {
+  const v = request.headers[name];
+  return Array.isArray(v) ? v[0] : v;
+};
+
+/** What clients act on in an answer, read from a JSON payload small enough to look at. */
+function responseFacts(payload: unknown, reply: FastifyReply): { facts: NonNullable<JournalEntry['response']>; operationId?: string } {
+  const facts: NonNullable<JournalEntry['response']> = {};
+  let operationId: string | undefined;
+  if (typeof payload === 'string' && payload.length < 1 << 20 && payload.startsWith('{')) {
+    try {
+      const body = JSON.parse(payload) as Record<string, unknown>;
+      const error = body.error as Record<string, unknown> | undefined;
+      if (error && typeof error === 'object') {
+        if (typeof error.type === 'string') facts.error_type = error.type;
+        if (typeof error.error_class === 'string') facts.error_class = error.error_class;
+      }
+      if (body.status === 'done' || body.status === 'error') facts.operation_status = body.status;
+      if (typeof body.operation_id === 'string') operationId = body.operation_id;
+      if (typeof body.policy_version === 'number') facts.policy_version = body.policy_version;
+      const result = body.result as Record<string, unknown> | undefined;
+      if (result && typeof result.policy_version === 'number') facts.policy_version = result.policy_version;
+    } catch {
+      // Not JSON after all: nothing to read.
+    }
+  }
+  const version = reply.getHeader('x-policy-version');
+  if (version !== undefined && facts.policy_version === undefined) facts.policy_version = Number(version);
+  const retry = reply.getHeader('retry-after');
+  if (retry !== undefined) facts.retry_after = String(retry);
+  return { facts, operationId };
+}
+
+/**
+ * Records every request in the core's journal when its connection is done
+ * with it: answered, or closed with no answer (a dropped connection, status 0).
+ */
+export function installJournal(app: FastifyInstance, core: LoopsCore): void {
+  app.decorateRequest('trace', null as never);
+  app.addHook('onRequest', async (request, reply) => {
+    const trace: RequestTrace = { seq: core.journal.arrive(), time: new Date(core.clock.now()).toISOString(), started: performance.now(), surface: surfaceOf(request.url) };
+    request.trace = trace;
+    reply.raw.once('close', () => {
+      const route = routeTemplate(request);
+      const params = (request.params ?? {}) as Record<string, string | undefined>;
+      const dropped = trace.fault?.action.type === 'drop';
+      const answered = reply.raw.writableFinished && !dropped;
+      const entry: JournalEntry = {
+        seq: trace.seq,
+        time: trace.time,
+        surface: trace.surface,
+        method: request.method,
+        path: request.url.split('?')[0]!,
+        route,
+        status: answered ? reply.statusCode : 0,
+        latency_ms: Math.round((performance.now() - trace.started) * 1000) / 1000,
+        headers: {
+          auth: authScheme(request),
+          ...(header(request, 'idempotency-key') !== undefined ? { idempotency_key: header(request, 'idempotency-key') } : {}),
+          ...(header(request, 'x-min-policy-version') !== undefined ? { min_policy_version: header(request, 'x-min-policy-version') } : {}),
+          ...(header(request, 'x-affinity-key') !== undefined ? { affinity_key: header(request, 'x-affinity-key') } : {}),
+        },
+      };
+      if (params.run_id) entry.run_id = params.run_id;
+      if (params.sampler_id) entry.sampler_id = params.sampler_id;
+      const operationId = params.operation_id ?? trace.operationId;
+      if (operationId) entry.operation_id = operationId;
+      const op = opOf(core, request, route);
+      if (op) entry.op = op;
+      if (request.body !== undefined && request.body !== null) entry.body = summarize(request.body);
+      if (answered && trace.response && Object.keys(trace.response).length) entry.response = trace.response;
+      if (trace.fault) entry.fault = { id: trace.fault.id, action: dropped && trace.fault.action.type === 'drop' && trace.fault.action.phase === 'after' ? 'drop_after' : trace.fault.action.type };
+      core.journal.record(entry);
+    });
+  });
+  app.addHook('onSend', async (request, reply, payload) => {
+    const { facts, operationId } = responseFacts(payload, reply);
+    request.trace.response = facts;
+    if (operationId) request.trace.operationId = operationId;
+    return payload;
+  });
+}
