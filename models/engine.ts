@@ -461,13 +461,25 @@ class WorkerRunner implements Runner {
     await this.call({ warm: kind });
   }
 
-  async close(): Promise<void> {
-    const w = this.worker;
-    this.worker = null;
-    if (w) await w.terminate();
+  private closing: Promise<void> | null = null;
+  private drained: (() => void) | null = null;
+
+  /**
+   * Lets graphs already running finish, then stops the worker. Terminating
+   * it while onnxruntime computes aborts the whole process, so a server
+   * closed mid-step waits for the step instead.
+   */
+  close(): Promise<void> {
+    return (this.closing ??= (async () => {
+      if (this.pending.size) await new Promise<void>((resolve) => { this.drained = resolve; });
+      const w = this.worker;
+      this.worker = null;
+      if (w) await w.terminate();
+    })());
   }
 
   private call(msg: { run?: RunRequest; warm?: GraphKind }): Promise<Record<string, Feed>> {
+    if (this.closing) return Promise.reject(new Error('The model engine is closed (the server is shutting down).'));
     const worker = this.start();
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
@@ -488,7 +500,10 @@ class WorkerRunner implements Runner {
       const p = this.pending.get(msg.id);
       if (!p) return;
       this.pending.delete(msg.id);
-      if (this.pending.size === 0) worker.unref();
+      if (this.pending.size === 0) {
+        worker.unref();
+        this.drained?.();
+      }
       if (msg.error) {
         const err = new Error(msg.error.message);
         err.name = msg.error.name;
@@ -501,6 +516,7 @@ class WorkerRunner implements Runner {
       for (const p of this.pending.values()) p.reject(err);
       this.pending.clear();
       this.worker = null;
+      this.drained?.();
     });
     this.worker = worker;
     return worker;

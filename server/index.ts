@@ -124,6 +124,6 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
     env: { LOOPS_BASE_URL: publicUrl, BASETEN_API_KEY: apiKey, BASETEN_MANAGEMENT_API_URL_OVERRIDE: publicUrl },
     app,
     core,
-    close: () => (closed ??= app.close().then(() => core.close())),
+    close: () => (closed ??= app.close().then(() => core.close()).then(() => core.engines.close())),
   };
 }

@@ -117,6 +117,7 @@ export class Sampling {
     if (!replica) {
       const published = this.weights.version(s.id);
       if (floor! > published) throw new FloorNotReached(this.miss(s, floor!, true));
+      if (this.options.floorWaitMs <= 0) throw new FloorNotReached(this.miss(s, floor!, false));
       replica = await new Promise<Replica | undefined>((resolve) => {
         const check = () => {
           const r = pick();
@@ -177,9 +178,6 @@ export class Sampling {
           for (const r of state.replicas) r.adapter = adapter;
         }
       }
-      // Weights published before the replicas existed are live on all of them.
-      const latest = this.weights.get(s.id);
-      if (latest) for (const r of state.replicas) { r.adapter = latest.adapter; r.liveVersion = latest.version; }
     }
     return state;
   }
@@ -187,8 +185,9 @@ export class Sampling {
   /** Each replica makes a publication live after its own delay; a newer one supersedes an older one still syncing. */
   private sync(samplerId: string, publication: Publication): void {
     const s = this.fleet.findSampler(samplerId);
-    if (!s || !this.states.has(samplerId)) return; // state() picks up the latest publication when first used
-    const state = this.states.get(samplerId)!;
+    if (!s) return;
+    // The replicas exist from the sampler's creation: even a first publication goes live after each one's delay.
+    const state = this.state(s);
     for (const replica of state.replicas) this.syncReplica(state, replica, publication);
   }
 

@@ -1,5 +1,6 @@
 import { Ajv } from 'ajv';
 import formats from 'ajv-formats';
+import { randomUUID } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -112,4 +113,41 @@ export function fakeCheckpointFiles(n = 2): { relative_file_name: string; data: 
   ];
   for (let i = 2; i < n; i++) files.push({ relative_file_name: `extra-${i}.bin`, data: new Uint8Array(i) });
   return files.slice(0, Math.max(n, 1));
+}
+
+// ---- real HTTP --------------------------------------------------------------
+
+/** A small Loops client over real HTTP: what campaign.py's SDK calls do on the wire. */
+export function http(base: string, key = 'trainer-test-key') {
+  const call = async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => {
+    const res = await fetch(`${base}${path}`, {
+      method,
+      headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await res.text();
+    return { status: res.status, body: text ? JSON.parse(text) : null, headers: res.headers };
+  };
+  return {
+    call,
+    /** Submits an operation and polls it to the end, re-polling after 408 as the SDK does. */
+    async op(trainer: string, op: string, body: unknown, idempotencyKey = randomUUID().replace(/-/g, '')): Promise<any> {
+      const submitted = await call('POST', `${trainer}/${op}`, body, { 'idempotency-key': idempotencyKey });
+      if (submitted.status !== 200) throw new Error(`${op}: ${submitted.status} ${JSON.stringify(submitted.body)}`);
+      for (;;) {
+        const polled = await call('GET', `${trainer}/operations/${submitted.body.operation_id}`);
+        if (polled.status === 408) continue;
+        if (polled.status !== 200) throw new Error(`${op} poll: ${polled.status} ${JSON.stringify(polled.body)}`);
+        if (polled.body.status === 'error') throw new Error(`${op} failed: ${polled.body.error.error_class}: ${polled.body.error.message}`);
+        return polled.body.result;
+      }
+    },
+  };
+}
+
+export function wireDatum(tokens: number[], targets: number[]) {
+  return {
+    model_input: { chunks: [{ type: 'encoded_text', tokens }] },
+    loss_fn_inputs: { target_tokens: { data: targets, dtype: 'int64', shape: [targets.length] } },
+  };
 }

@@ -1,49 +1,14 @@
-import { randomUUID } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
 import { decodeSafetensors, EnginePool } from '../../models/index.js';
 import { datum, EVAL_TICKETS, prompt, TICKETS } from '../../models/test/support-tickets.js';
 import { ManualClock, type RunningServer } from '../index.js';
-import { startTestServer } from './helpers.js';
+import { http, startTestServer, wireDatum } from './helpers.js';
 
 const MODEL = 'Qwen/Qwen3.5-2B';
 const tok = new EnginePool().tokenizers.get(MODEL);
 let server: RunningServer;
 afterEach(() => server?.close());
 
-/** A small Loops client over real HTTP: what campaign.py's SDK calls do on the wire. */
-function http(base: string, key = 'trainer-test-key') {
-  const call = async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => {
-    const res = await fetch(`${base}${path}`, {
-      method,
-      headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    const text = await res.text();
-    return { status: res.status, body: text ? JSON.parse(text) : null };
-  };
-  return {
-    call,
-    /** Submits an operation and polls it to the end, re-polling after 408 as the SDK does. */
-    async op(trainer: string, op: string, body: unknown, idempotencyKey = randomUUID().replace(/-/g, '')): Promise<any> {
-      const submitted = await call('POST', `${trainer}/${op}`, body, { 'idempotency-key': idempotencyKey });
-      if (submitted.status !== 200) throw new Error(`${op}: ${submitted.status} ${JSON.stringify(submitted.body)}`);
-      for (;;) {
-        const polled = await call('GET', `${trainer}/operations/${submitted.body.operation_id}`);
-        if (polled.status === 408) continue;
-        if (polled.status !== 200) throw new Error(`${op} poll: ${polled.status} ${JSON.stringify(polled.body)}`);
-        if (polled.body.status === 'error') throw new Error(`${op} failed: ${polled.body.error.error_class}: ${polled.body.error.message}`);
-        return polled.body.result;
-      }
-    },
-  };
-}
-
-function wireDatum(tokens: number[], targets: number[]) {
-  return {
-    model_input: { chunks: [{ type: 'encoded_text', tokens }] },
-    loss_fn_inputs: { target_tokens: { data: targets, dtype: 'int64', shape: [targets.length] } },
-  };
-}
 const ticketData = (list: [string, string][]) => list.map(([t, l]) => { const d = datum(tok, t, l); return wireDatum(d.tokens, d.targetTokens!); });
 const trainSet = ticketData(TICKETS);
 const evalSet = ticketData(EVAL_TICKETS);
