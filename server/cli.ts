@@ -18,7 +18,9 @@ async function main(argv: string[]): Promise<void> {
   const options = parseOptions(args, process.env);
   const server = await startServer(options);
   const lines = Object.entries(server.env).map(([k, v]) => `${k}=${v}`);
-  process.stdout.write(`${lines.join('\n')}\n# loops-mock ${VERSION} listening on ${server.url}${options.dataDir ? `, state in ${options.dataDir}` : ', state in memory'}\n`);
+  const notes = [`# loops-mock ${VERSION} listening on ${server.url}${options.dataDir ? `, state in ${options.dataDir}` : ', state in memory'}`];
+  if (options.admin) notes.push(`# admin API at ${server.url}/_mock/${options.adminToken ? ' (Authorization: Bearer <admin token>)' : ''}; clock ${options.clockMode}${options.scenario ? `; scenario ${options.scenario} applied` : ''}`);
+  process.stdout.write(`${lines.join('\n')}\n${notes.join('\n')}\n`);
 
   let stopping = false;
   const stop = (signal: string) => {

@@ -1,3 +1,4 @@
+import { appendFileSync } from 'node:fs';
 import type { FastifyInstance } from 'fastify';
 import { EnginePool, findBaseModel, probeDevice, Tokenizers } from '../models/index.js';
 import { ConfigError, DEFAULTS, type ServerOptions } from './config.js';
@@ -66,6 +67,15 @@ async function prepareEngines(options: ServerOptions): Promise<EnginePool> {
 export async function startServer(overrides: StartOptions = {}): Promise<RunningServer> {
   const options: ServerOptions = { ...DEFAULTS, ...overrides, apiKeys: overrides.apiKeys ?? [], tokenizers: overrides.tokenizers ?? {}, weightSyncDelayMs: overrides.weightSyncDelayMs ?? DEFAULTS.weightSyncDelayMs };
   const engines = await prepareEngines(options);
+  if (options.journalFile) {
+    try {
+      appendFileSync(options.journalFile, '');
+    } catch (err) {
+      throw new ConfigError(`--journal ${options.journalFile}: cannot append to it (${(err as Error).message})`);
+    }
+  }
+  // Without the admin API nothing could move a virtual clock: say so rather than let every timeout hang.
+  if (options.clockMode === 'virtual' && !options.admin && !overrides.clock) throw new ConfigError('--clock virtual needs --admin: only POST /_mock/clock/advance moves virtual time');
   // Read before anything starts, so a bad scenario fails the start with its line.
   let scenario: ScenarioSpec | undefined;
   if (options.scenario) {

@@ -112,6 +112,11 @@ describe('the loops-mock command', () => {
       [['--tokenizer', 'Qwen/Qwen3-8B=/no/such/tokenizer.json'], 'no such file'],
       [['--tokenizer', 'acme/Model-1=./x.json'], "'acme/Model-1' is not a supported base model"],
       [['--tokenizer', 'just-a-path.json'], '--tokenizer must be NAME=PATH'],
+      [['--clock', 'sundial'], '--clock must be real or virtual'],
+      [['--clock', 'virtual'], '--clock virtual needs --admin'],
+      [['--admin=maybe'], '--admin is a switch'],
+      [['--admin', '--scenario', 'no-such-scenario'], "no shipped scenario of that name"],
+      [['--journal', '/no/such/dir/journal.ndjson'], 'cannot append'],
     ] as [string[], string][]) {
       const cli = runCli(args);
       const { code, stderr } = await cli.exit;
@@ -119,6 +124,17 @@ describe('the loops-mock command', () => {
       expect(stderr.trim().split('\n'), args.join(' ')).toHaveLength(1);
       expect(stderr).toContain(fragment);
     }
+  });
+
+  it('serves the admin API with --admin, applying a shipped --scenario at start', async () => {
+    const cli = runCli(['--port', '0', '--admin', '--admin-token', 'sesame', '--scenario', 'lagging-replica']);
+    await cli.ready;
+    const base = cli.listening();
+    const settings = await fetch(`${base}/_mock/settings`, { headers: { authorization: 'Bearer sesame' } });
+    expect(await settings.json()).toMatchObject({ sampler_replicas: 2, weight_sync_delay_ms: [1500, 6000] });
+    expect((await fetch(`${base}/_mock/settings`)).status).toBe(401);
+    cli.child.kill('SIGTERM');
+    expect((await cli.exit).code).toBe(0);
   });
 
   it('refuses a port that is taken with exit code 2', async () => {
@@ -142,5 +158,12 @@ describe('option parsing', () => {
     expect(() => parseOptions(['--port', '70000'])).toThrow(ConfigError);
     expect(() => parseOptions(['--public-url', 'ftp://x'])).toThrow(/http or https/);
     expect(() => parseOptions(['--data-dir'])).toThrow(/needs a value/);
+  });
+
+  it('reads switches alone, as --flag=false, and from the environment', () => {
+    expect(parseOptions(['--admin', '--port', '1']).admin).toBe(true);
+    expect(parseOptions(['--admin=false']).admin).toBe(false);
+    expect(parseOptions([], { LOOPS_MOCK_ADMIN: '1' }).admin).toBe(true);
+    expect(parseOptions(['--clock', 'virtual', '--admin-token', 't', '--fault-seed', '9'])).toMatchObject({ clockMode: 'virtual', adminToken: 't', faultSeed: 9 });
   });
 });
