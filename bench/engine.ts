@@ -2,7 +2,7 @@ import { availableParallelism } from 'node:os';
 import * as ort from 'onnxruntime-node';
 import { GraphBuilder } from '../models/graph/builder.js';
 import { ADAM_DEFAULTS, EnginePool, LoraTrainer, parameters, sampleSequences, SAMPLING_DEFAULTS, type TrainingDatum } from '../models/index.js';
-import { datum, EVAL_TICKETS, prompt, TICKETS } from '../models/test/support-tickets.js';
+import { datum, EVAL_TICKETS, prompt, TICKETS } from '../models/data/support-tickets.js';
 
 /** Engine figures: training and sampling throughput, adapter memory, and the matmul ceiling. */
 const MODEL = 'Qwen/Qwen3.5-2B';

@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { EnginePool } from '../models/index.js';
-import { datum, EVAL_TICKETS, prompt, TICKETS } from '../models/test/support-tickets.js';
+import { datum, EVAL_TICKETS, prompt, TICKETS } from '../models/data/support-tickets.js';
 import { keepAliveClient, startServerProcess } from './server-process.js';
 
 /** Trainer-plane figures over HTTP from a real server process: operation overhead, and the campaign round's wall time. */

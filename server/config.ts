@@ -45,6 +45,8 @@ export interface ServerOptions {
   /** Requests the journal keeps in memory, and a file it also appends them to (NDJSON). */
   journalSize: number;
   journalFile?: string;
+  /** summary: bodies cut to a few items; full: whole request and response bodies. */
+  journalDetail: 'summary' | 'full';
   /** A scenario file (JSON or YAML) or the name of a shipped one, applied at start. */
   scenario?: string;
   /** Seed of fault rules that give none. */
@@ -70,6 +72,7 @@ export const DEFAULTS: ServerOptions = {
   admin: false,
   clockMode: 'real',
   journalSize: 10_000,
+  journalDetail: 'summary',
   faultSeed: 1,
 };
 
@@ -157,6 +160,10 @@ export const FLAGS: Record<string, FlagSpec> = {
   },
   journal: { help: 'also append every journal entry to this file as NDJSON', set: (o, v) => { if (!v) throw new ConfigError('--journal must not be empty'); o.journalFile = v; } },
   'journal-size': { help: 'requests the journal keeps in memory (default 10000)', set: (o, v) => { o.journalSize = integer('journal-size', 1, 10_000_000)(v); } },
+  'journal-detail': {
+    help: 'summary (default): bodies cut to a few items; full: whole request and response bodies',
+    set: (o, v) => { if (v !== 'summary' && v !== 'full') throw new ConfigError(`--journal-detail must be summary or full, got '${v}'`); o.journalDetail = v; },
+  },
   scenario: { help: 'a scenario file (JSON or YAML) or a shipped scenario name, applied at start', set: (o, v) => { if (!v) throw new ConfigError('--scenario must not be empty'); o.scenario = v; } },
   'fault-seed': { help: 'seed of fault rules that give none (default 1)', set: (o, v) => { o.faultSeed = integer('fault-seed', 0, 2 ** 32 - 1)(v); } },
   'presign-ttl-s': { help: 'lifetime of checkpoint download URLs in seconds (default 3600)', set: (o, v) => { o.presignTtlSeconds = integer('presign-ttl-s', 1, 7 * 86400)(v); } },

@@ -21,6 +21,8 @@ export const DEFAULT_API_KEY = 'loops-mock-local-key';
 export interface StartOptions extends Partial<ServerOptions> {
   /** A clock to drive time by hand in tests (ManualClock). */
   clock?: Clock;
+  /** Model engines to share between servers (graphs built once); the caller closes them. */
+  engines?: EnginePool;
 }
 
 export interface RunningServer {
@@ -66,7 +68,7 @@ async function prepareEngines(options: ServerOptions): Promise<EnginePool> {
 /** Starts a loops-mock server. Options are the CLI flags in camelCase; `port: 0` picks a free port. */
 export async function startServer(overrides: StartOptions = {}): Promise<RunningServer> {
   const options: ServerOptions = { ...DEFAULTS, ...overrides, apiKeys: overrides.apiKeys ?? [], tokenizers: overrides.tokenizers ?? {}, weightSyncDelayMs: overrides.weightSyncDelayMs ?? DEFAULTS.weightSyncDelayMs };
-  const engines = await prepareEngines(options);
+  const engines = overrides.engines ?? await prepareEngines(options);
   if (options.journalFile) {
     try {
       appendFileSync(options.journalFile, '');
@@ -103,6 +105,7 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
     presignTtlMs: options.presignTtlSeconds * 1000,
     journalSize: options.journalSize,
     journalFile: options.journalFile,
+    journalDetail: options.journalDetail,
     faultSeed: options.faultSeed,
   });
   if (scenario) {
@@ -134,6 +137,6 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
     env: { LOOPS_BASE_URL: publicUrl, BASETEN_API_KEY: apiKey, BASETEN_MANAGEMENT_API_URL_OVERRIDE: publicUrl },
     app,
     core,
-    close: () => (closed ??= app.close().then(() => core.close()).then(() => core.engines.close())),
+    close: () => (closed ??= app.close().then(() => core.close()).then(() => (overrides.engines ? undefined : engines.close()))),
   };
 }

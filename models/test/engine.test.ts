@@ -3,7 +3,7 @@ import {
   ADAM_DEFAULTS, baseWeightsFor, CheckpointLoadError, EnginePool, freshAdapter, LossInputError, LoraTrainer, parameters, probeDevice, resolveLossConfig,
   sampleSequences, SAMPLING_DEFAULTS, zeroAdapter, type SamplingParams,
 } from '../index.js';
-import { datum, EVAL_TICKETS, prompt, TICKETS } from './support-tickets.js';
+import { datum, EVAL_TICKETS, prompt, TICKETS } from '../data/support-tickets.js';
 
 const MODEL = 'Qwen/Qwen3.5-2B';
 const pool = new EnginePool();

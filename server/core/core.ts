@@ -7,7 +7,7 @@ import { RealClock, type Clock } from './clock.js';
 import { DeploymentLogs } from './deployment-logs.js';
 import { Fleet } from './fleet.js';
 import { Faults } from './faults.js';
-import { Journal } from './journal.js';
+import { Journal, type JournalDetail } from './journal.js';
 import { Operations } from './operations.js';
 import { Progress } from './progress.js';
 import { SamplerWeights } from './sampler-weights.js';
@@ -33,6 +33,7 @@ export interface CoreOptions {
   /** Requests the journal keeps in memory (default 10000), and a file it also appends them to. */
   journalSize?: number;
   journalFile?: string;
+  journalDetail?: JournalDetail;
   /** Seed of fault rules that give none. */
   faultSeed?: number;
 }
@@ -69,7 +70,7 @@ export class LoopsCore {
   constructor(private readonly options: CoreOptions = {}) {
     this.clock = options.clock ?? new RealClock();
     this.engines = options.engines ?? new EnginePool();
-    this.journal = new Journal(options.journalSize ?? 10_000, options.journalFile);
+    this.journal = new Journal(options.journalSize ?? 10_000, options.journalFile, options.journalDetail);
     this.startupSettings = { ...DEFAULT_SETTINGS, ...options.settings };
     this.build();
   }
@@ -130,7 +131,8 @@ export class LoopsCore {
     if (this.closed) return;
     this.closed = true;
     this.operations.shutdown();
-    void this.engines.close();
+    // Engines handed in belong to the caller (several servers may share them).
+    if (!this.options.engines) void this.engines.close();
     this.fleet.close();
     this.store.close();
   }

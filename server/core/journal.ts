@@ -42,7 +42,12 @@ export interface JournalEntry {
   };
   /** The fault rule that acted on this request, and how. */
   fault?: { id: string; action: string };
+  /** With journal detail `full` only: the whole JSON answer. */
+  response_body?: unknown;
 }
+
+/** `summary`: bodies cut to a few items (the default); `full`: whole request and response bodies (the conformance suite reads them). */
+export type JournalDetail = 'summary' | 'full';
 
 export interface JournalQuery {
   surface?: Surface;
@@ -62,7 +67,12 @@ export class Journal {
   /** Entries the ring buffer let go of, oldest first. */
   private dropped = 0;
 
-  constructor(private readonly capacity: number, private readonly file?: string) {}
+  constructor(private readonly capacity: number, private readonly file?: string, readonly detail: JournalDetail = 'summary') {}
+
+  /** A body as this journal keeps it. */
+  keep(body: unknown): unknown {
+    return this.detail === 'full' ? body : summarize(body);
+  }
 
   /** Reserves the next sequence number at a request's arrival. */
   arrive(): number {

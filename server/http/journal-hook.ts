@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { LoopsCore } from '../core/core.js';
 import type { FaultAction } from '../core/faults.js';
-import { summarize, type JournalEntry, type Surface } from '../core/journal.js';
+import type { JournalEntry, Surface } from '../core/journal.js';
 
 /** What the journal and the fault rules learn about one request while it is handled. */
 export interface RequestTrace {
@@ -11,6 +11,7 @@ export interface RequestTrace {
   surface: Surface;
   fault?: { id: string; action: FaultAction };
   response?: JournalEntry['response'];
+  responseBody?: unknown;
   operationId?: string;
 }
 
@@ -54,12 +55,14 @@ const header = (request: FastifyRequest, name: string) => {
 };
 
 /** What clients act on in an answer, read from a JSON payload small enough to look at. */
-function responseFacts(payload: unknown, reply: FastifyReply): { facts: NonNullable<JournalEntry['response']>; operationId?: string } {
+function responseFacts(payload: unknown, reply: FastifyReply): { facts: NonNullable<JournalEntry['response']>; operationId?: string; body?: unknown } {
   const facts: NonNullable<JournalEntry['response']> = {};
   let operationId: string | undefined;
-  if (typeof payload === 'string' && payload.length < 1 << 20 && payload.startsWith('{')) {
+  let parsed: unknown;
+  if (typeof payload === 'string' && payload.length < 1 << 24 && payload.startsWith('{')) {
     try {
       const body = JSON.parse(payload) as Record<string, unknown>;
+      parsed = body;
       const error = body.error as Record<string, unknown> | undefined;
       if (error && typeof error === 'object') {
         if (typeof error.type === 'string') facts.error_type = error.type;
@@ -78,7 +81,7 @@ function responseFacts(payload: unknown, reply: FastifyReply): { facts: NonNulla
   if (version !== undefined && facts.policy_version === undefined) facts.policy_version = Number(version);
   const retry = reply.getHeader('retry-after');
   if (retry !== undefined) facts.retry_after = String(retry);
-  return { facts, operationId };
+  return { facts, operationId, body: parsed };
 }
 
 /**
@@ -117,15 +120,17 @@ export function installJournal(app: FastifyInstance, core: LoopsCore): void {
       if (operationId) entry.operation_id = operationId;
       const op = opOf(core, request, route);
       if (op) entry.op = op;
-      if (request.body !== undefined && request.body !== null) entry.body = summarize(request.body);
+      if (request.body !== undefined && request.body !== null) entry.body = core.journal.keep(request.body);
       if (answered && trace.response && Object.keys(trace.response).length) entry.response = trace.response;
+      if (answered && trace.responseBody !== undefined && core.journal.detail === 'full') entry.response_body = trace.responseBody;
       if (trace.fault) entry.fault = { id: trace.fault.id, action: dropped && trace.fault.action.type === 'drop' && trace.fault.action.phase === 'after' ? 'drop_after' : trace.fault.action.type };
       core.journal.record(entry);
     });
   });
   app.addHook('onSend', async (request, reply, payload) => {
-    const { facts, operationId } = responseFacts(payload, reply);
+    const { facts, operationId, body } = responseFacts(payload, reply);
     request.trace.response = facts;
+    if (core.journal.detail === 'full') request.trace.responseBody = body;
     if (operationId) request.trace.operationId = operationId;
     return payload;
   });

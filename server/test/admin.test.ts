@@ -430,6 +430,11 @@ describe('scenarios', () => {
 
   /** Each shipped scenario, observed from the client side. */
   const effects: Record<string, (api: Api, admin: MockAdmin) => Promise<void>> = {
+    baseline: async (api, admin) => {
+      const { trainer } = await newRun(api);
+      expect((await submitAndPoll(api, trainer, 'forward', fb, 'b-1')).statuses).toEqual([200]);
+      expect(await admin.faults()).toEqual([]);
+    },
     'lost-operation': async (api) => {
       const { trainer } = await newRun(api);
       await submitAndPoll(api, trainer, 'forward_backward', fb, 'lo-1');

@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { EnginePool } from '../../models/index.js';
-import { datum, prompt, TICKETS } from '../../models/test/support-tickets.js';
+import { datum, prompt, TICKETS } from '../../models/data/support-tickets.js';
 import { ManualClock, type RunningServer, type StartOptions } from '../index.js';
 import { startTestServer } from './helpers.js';
 

@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { decodeSafetensors, EnginePool } from '../../models/index.js';
-import { datum, EVAL_TICKETS, prompt, TICKETS } from '../../models/test/support-tickets.js';
+import { datum, EVAL_TICKETS, prompt, TICKETS } from '../../models/data/support-tickets.js';
 import { ManualClock, type RunningServer } from '../index.js';
 import { http, startTestServer, wireDatum } from './helpers.js';
 

@@ -1,0 +1,84 @@
+#!/usr/bin/env node
+import { CHECKS } from './checks.js';
+import { textReport, writeReports } from './report.js';
+import { listCases, mustFailed, runSuite } from './runner.js';
+import { TASKS } from './tasks.js';
+
+const USAGE = `Usage:
+  loops-conformance run --client "<command>" [--scenario NAME ...] [--task NAME ...] [--report-dir DIR] [--timeout S]
+      Runs each case (a task under a scenario) against a fresh loops-mock and checks the client.
+      The client command gets LOOPS_BASE_URL, BASETEN_API_KEY, BASETEN_MANAGEMENT_API_URL_OVERRIDE,
+      LOOPS_CONFORMANCE_TASK, LOOPS_CONFORMANCE_INPUT and LOOPS_CONFORMANCE_OUTPUT (docs/conformance.md).
+      Exit status 1 when any MUST check fails.
+  loops-conformance list
+      The cases, tasks and checks.`;
+
+class UsageError extends Error {}
+
+function parseRunArgs(argv: string[]) {
+  const opts = { client: '', scenarios: [] as string[], tasks: [] as string[], reportDir: undefined as string | undefined, timeoutS: 120 };
+  for (let i = 0; i < argv.length; i++) {
+    const m = /^--([a-z-]+)(?:=(.*))?$/s.exec(argv[i]!);
+    if (!m) throw new UsageError(`unexpected argument '${argv[i]}'`);
+    const value = m[2] ?? argv[++i];
+    if (value === undefined) throw new UsageError(`--${m[1]} needs a value`);
+    switch (m[1]) {
+      case 'client': opts.client = value; break;
+      case 'scenario': opts.scenarios.push(...value.split(',')); break;
+      case 'task': opts.tasks.push(...value.split(',')); break;
+      case 'report-dir': opts.reportDir = value; break;
+      case 'timeout': {
+        const n = Number(value);
+        if (!(n > 0 && n <= 3600)) throw new UsageError(`--timeout must be seconds from 1 to 3600, got '${value}'`);
+        opts.timeoutS = n;
+        break;
+      }
+      default: throw new UsageError(`unknown flag --${m[1]}`);
+    }
+  }
+  if (!opts.client) throw new UsageError('--client "<command>" is required: the command that runs your driver');
+  return opts;
+}
+
+async function main(argv: string[]): Promise<number> {
+  const [command, ...rest] = argv;
+  if (!command || command === '--help' || command === '-h') {
+    process.stdout.write(`${USAGE}\n`);
+    return command ? 0 : 2;
+  }
+  if (command === 'list') {
+    const lines = ['Cases (scenario/task: expected outcome):', ...listCases().map((c) => `  ${c.scenario}/${c.task}: ${c.expect}`),
+      '', 'Tasks:', ...Object.entries(TASKS).map(([t, d]) => `  ${t}: ${d}`),
+      '', 'Checks:', ...CHECKS.map((c) => `  ${c.id.padEnd(8)} ${c.level.padEnd(6)} ${c.rule}`)];
+    process.stdout.write(`${lines.join('\n')}\n`);
+    return 0;
+  }
+  if (command !== 'run') throw new UsageError(`unknown command '${command}'`);
+  const opts = parseRunArgs(rest);
+  let cases;
+  try {
+    cases = listCases(opts.scenarios, opts.tasks);
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+  if (!cases.length) throw new UsageError('no case matches the given --scenario and --task');
+  const reports = await runSuite(cases, { client: opts.client, timeoutS: opts.timeoutS }, (r) => {
+    const failed = r.results.filter((x) => x.result.verdict === 'FAIL').map((x) => x.check.id);
+    process.stderr.write(`${r.scenario}/${r.task}: ${failed.length ? `FAIL ${failed.join(' ')}` : 'ok'} (${(r.durationMs / 1000).toFixed(1)} s)\n`);
+  });
+  process.stdout.write(`${textReport(reports)}\n`);
+  if (opts.reportDir) {
+    const written = writeReports(opts.reportDir, reports);
+    process.stdout.write(`\nReports: ${written.junit}, ${written.json}\n`);
+  }
+  return mustFailed(reports) ? 1 : 0;
+}
+
+main(process.argv.slice(2)).then((code) => process.exit(code), (err: unknown) => {
+  if (err instanceof UsageError) {
+    process.stderr.write(`loops-conformance: ${err.message}\n${USAGE}\n`);
+    process.exit(2);
+  }
+  process.stderr.write(`loops-conformance: ${(err as Error).stack ?? String(err)}\n`);
+  process.exit(1);
+});
