@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 import { CHECKS } from './checks.js';
 import { textReport, writeReports } from './report.js';
+import { defaultFixturesDir, readFixtures, replayFixture } from './replay.js';
 import { listCases, mustFailed, runSuite } from './runner.js';
 import { TASKS } from './tasks.js';
 
@@ -10,6 +11,9 @@ const USAGE = `Usage:
       The client command gets LOOPS_BASE_URL, BASETEN_API_KEY, BASETEN_MANAGEMENT_API_URL_OVERRIDE,
       LOOPS_CONFORMANCE_TASK, LOOPS_CONFORMANCE_INPUT and LOOPS_CONFORMANCE_OUTPUT (docs/conformance.md).
       Exit status 1 when any MUST check fails.
+  loops-conformance replay --server URL --key KEY [--fixtures DIR] [--flow NAME ...]
+      Replays the sdk-fixtures flows against any Loops endpoint (loops-mock, or the real service)
+      and reports every difference in status, field names and types. Exit status 1 on any difference.
   loops-conformance list
       The cases, tasks and checks.`;
 
@@ -53,6 +57,7 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(`${lines.join('\n')}\n`);
     return 0;
   }
+  if (command === 'replay') return replay(rest);
   if (command !== 'run') throw new UsageError(`unknown command '${command}'`);
   const opts = parseRunArgs(rest);
   let cases;
@@ -72,6 +77,40 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(`\nReports: ${written.junit}, ${written.json}\n`);
   }
   return mustFailed(reports) ? 1 : 0;
+}
+
+async function replay(argv: string[]): Promise<number> {
+  const opts = { server: '', key: '', fixtures: undefined as string | undefined, flows: [] as string[] };
+  for (let i = 0; i < argv.length; i++) {
+    const m = /^--([a-z-]+)(?:=(.*))?$/s.exec(argv[i]!);
+    if (!m) throw new UsageError(`unexpected argument '${argv[i]}'`);
+    const value = m[2] ?? argv[++i];
+    if (value === undefined) throw new UsageError(`--${m[1]} needs a value`);
+    if (m[1] === 'server') opts.server = value;
+    else if (m[1] === 'key') opts.key = value;
+    else if (m[1] === 'fixtures') opts.fixtures = value;
+    else if (m[1] === 'flow') opts.flows.push(...value.split(','));
+    else throw new UsageError(`unknown flag --${m[1]}`);
+  }
+  if (!/^https?:\/\//.test(opts.server)) throw new UsageError('--server URL is required: the control plane URL of the endpoint to replay against');
+  if (!opts.key) throw new UsageError('--key KEY is required: an API key of that endpoint');
+  let fixtures;
+  try {
+    fixtures = readFixtures(opts.fixtures ?? defaultFixturesDir());
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+  const unknown = opts.flows.filter((f) => !fixtures.some((x) => x.name === f));
+  if (unknown.length) throw new UsageError(`unknown flow ${unknown.join(', ')}; known: ${fixtures.map((f) => f.name).join(', ')}`);
+  let differences = 0;
+  for (const fixture of fixtures.filter((f) => !opts.flows.length || opts.flows.includes(f.name))) {
+    const result = await replayFixture(fixture, { server: opts.server, key: opts.key });
+    differences += result.differences.length;
+    process.stdout.write(`${result.differences.length ? 'DIFF' : 'OK  '} ${fixture.name} (${result.exchanges} exchanges)\n`);
+    for (const d of result.differences) process.stdout.write(`     ${d}\n`);
+  }
+  process.stdout.write(`${differences} difference(s)\n`);
+  return differences ? 1 : 0;
 }
 
 main(process.argv.slice(2)).then((code) => process.exit(code), (err: unknown) => {

@@ -1,10 +1,49 @@
 #!/usr/bin/env node
 import { ConfigError, parseOptions, usage } from './config.js';
 import { startServer } from './index.js';
+import { startRecorder } from './record/recorder.js';
 import { VERSION } from './version.js';
+
+const RECORD_USAGE = `Usage: loops-mock record --upstream URL --out DIR [--flow NAME] [--port N] [--host H]
+  A recording proxy in front of a Loops endpoint: point a client at the printed URL; every
+  exchange is written to DIR/NAME.json (default NAME: recorded) as an sdk-fixtures flow,
+  ids as placeholders, API keys never written. Replay with loops-conformance replay.`;
+
+/** `loops-mock record ...`: the recording proxy. */
+async function record(argv: string[]): Promise<void> {
+  if (argv.includes('--help')) {
+    process.stdout.write(`${RECORD_USAGE}\n`);
+    return;
+  }
+  const opts: { upstream?: string; out?: string; flow: string; port: number; host: string } = { flow: 'recorded', port: 0, host: '127.0.0.1' };
+  for (let i = 0; i < argv.length; i++) {
+    const m = /^--([a-z-]+)(?:=(.*))?$/s.exec(argv[i]!);
+    if (!m) throw new ConfigError(`unexpected argument '${argv[i]}'`);
+    const value = m[2] ?? argv[++i];
+    if (value === undefined || value === '') throw new ConfigError(`--${m[1]} needs a value`);
+    if (m[1] === 'upstream') opts.upstream = value;
+    else if (m[1] === 'out') opts.out = value;
+    else if (m[1] === 'flow') {
+      if (!/^[A-Za-z0-9._-]+$/.test(value)) throw new ConfigError(`--flow must be a file name (letters, digits, . _ -), got '${value}'`);
+      opts.flow = value;
+    } else if (m[1] === 'port') {
+      opts.port = Number(value);
+      if (!Number.isInteger(opts.port) || opts.port < 0 || opts.port > 65535) throw new ConfigError(`--port must be a whole number from 0 to 65535, got '${value}'`);
+    } else if (m[1] === 'host') opts.host = value;
+    else throw new ConfigError(`unknown flag --${m[1]} for record`);
+  }
+  if (!opts.upstream || !/^https?:\/\//.test(opts.upstream)) throw new ConfigError('record needs --upstream URL: the Loops endpoint to record (http or https)');
+  if (!opts.out) throw new ConfigError('record needs --out DIR: where the fixture is written');
+  const recorder = await startRecorder({ upstream: opts.upstream, out: opts.out, flow: opts.flow, port: opts.port, host: opts.host });
+  process.stdout.write(`LOOPS_BASE_URL=${recorder.url}\nBASETEN_MANAGEMENT_API_URL_OVERRIDE=${recorder.url}\n# loops-mock ${VERSION} recording ${opts.upstream} into ${recorder.file}\n`);
+  const stop = () => { void recorder.close().then(() => process.exit(0)); };
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+}
 
 /** `loops-mock [serve] [flags]`: starts the server and prints the variables a Loops client needs. */
 async function main(argv: string[]): Promise<void> {
+  if (argv[0] === 'record') return record(argv.slice(1));
   const args = argv[0] === 'serve' ? argv.slice(1) : argv;
   if (args.includes('--help') || args.includes('-h')) {
     process.stdout.write(`${usage()}\n`);
@@ -14,7 +53,7 @@ async function main(argv: string[]): Promise<void> {
     process.stdout.write(`${VERSION}\n`);
     return;
   }
-  if (args[0] !== undefined && !args[0].startsWith('-')) throw new ConfigError(`unknown command '${args[0]}' (the only command is 'serve')`);
+  if (args[0] !== undefined && !args[0].startsWith('-')) throw new ConfigError(`unknown command '${args[0]}' (the commands are 'serve' and 'record')`);
   const options = parseOptions(args, process.env);
   const server = await startServer(options);
   const lines = Object.entries(server.env).map(([k, v]) => `${k}=${v}`);
