@@ -65,6 +65,8 @@ export class LoopsCore {
   faults!: Faults;
   progress!: Progress;
   private closed = false;
+  /** Aborted when this generation of parts stops (shutdown or reset): every wait that could outlast it ends. */
+  private stopping = new AbortController();
   private readonly resetListeners: (() => void)[] = [];
 
   constructor(private readonly options: CoreOptions = {}) {
@@ -78,6 +80,7 @@ export class LoopsCore {
   private build(): void {
     const o = this.options;
     this.settings = structuredClone(this.startupSettings);
+    this.stopping = new AbortController();
     this.store = new Store(o.dataDir);
     this.accounts = new Accounts(this.store, this.clock, o.apiKeys ?? []);
     this.logs = new DeploymentLogs(this.store, this.clock);
@@ -90,7 +93,7 @@ export class LoopsCore {
     this.operations = new Operations(this.clock, this.settings, this.progress);
     this.samplerWeights = new SamplerWeights();
     this.trainers = new Trainers(this.fleet, this.checkpoints, this.engines, this.operations, this.samplerWeights);
-    this.sampling = new Sampling(this.fleet, this.checkpoints, this.engines, this.samplerWeights, this.clock, this.settings);
+    this.sampling = new Sampling(this.fleet, this.checkpoints, this.engines, this.samplerWeights, this.clock, this.settings, this.stopping.signal);
   }
 
   /**
@@ -99,6 +102,7 @@ export class LoopsCore {
    * gone, settings as at start. Long polls in flight are answered 503.
    */
   reset(): void {
+    this.stopping.abort();
     this.operations.shutdown();
     this.fleet.close();
     this.store.close();
@@ -119,7 +123,13 @@ export class LoopsCore {
 
   /** Stops accepting work: long polls answer 503 from now on. */
   beginShutdown(): void {
+    this.stopping.abort();
     this.operations.shutdown();
+  }
+
+  /** Aborted at shutdown or reset: waits that a client holds open (fault delays, held polls, floor waits) end then. */
+  get stopSignal(): AbortSignal {
+    return this.stopping.signal;
   }
 
   get isClosed(): boolean {
@@ -130,6 +140,7 @@ export class LoopsCore {
   close(): void {
     if (this.closed) return;
     this.closed = true;
+    this.stopping.abort();
     this.operations.shutdown();
     // Engines handed in belong to the caller (several servers may share them).
     if (!this.options.engines) void this.engines.close();

@@ -83,6 +83,8 @@ export class Sampling {
     private readonly weights: SamplerWeights,
     private readonly clock: Clock,
     private readonly options: SamplingOptions,
+    /** Aborted at shutdown or reset: a request waiting for its floor is answered then instead of holding the server open. */
+    private readonly stopSignal: AbortSignal = new AbortController().signal,
   ) {
     weights.onPublish((samplerId, publication) => this.sync(samplerId, publication));
   }
@@ -118,13 +120,16 @@ export class Sampling {
       const published = this.weights.version(s.id);
       if (floor! > published) throw new FloorNotReached(this.miss(s, floor!, true));
       if (this.options.floorWaitMs <= 0) throw new FloorNotReached(this.miss(s, floor!, false));
-      replica = await new Promise<Replica | undefined>((resolve) => {
+      replica = await new Promise<Replica | undefined>((resolve, reject) => {
         const check = () => {
           const r = pick();
           if (r) { done(); resolve(r); }
         };
+        const stop = () => { done(); reject(new LoopsError('unavailable', 'loops-mock is shutting down (or was reset) while this request waited for its policy version floor.')); };
         const timer = this.clock.setTimer(this.options.floorWaitMs, () => { done(); resolve(undefined); });
-        const done = () => { state.waiters.delete(check); timer.cancel(); };
+        const done = () => { state.waiters.delete(check); timer.cancel(); this.stopSignal.removeEventListener('abort', stop); };
+        if (this.stopSignal.aborted) return stop();
+        this.stopSignal.addEventListener('abort', stop);
         state.waiters.add(check);
       });
       if (!replica) throw new FloorNotReached(this.miss(s, floor!, false));

@@ -30,6 +30,20 @@ function factsOf(core: LoopsCore, request: FastifyRequest): RequestFacts {
   };
 }
 
+/** Wall-clock sleep that ends early when the server stops, so a long injected delay never holds a shutdown. */
+export function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal.aborted) return resolve();
+    const timer = setTimeout(done, ms);
+    function done() {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', done);
+      resolve();
+    }
+    signal.addEventListener('abort', done);
+  });
+}
+
 /** The fault acting on a request, for the handlers that carry it out themselves (hold_poll, fail_operation). */
 export function faultOf(request: FastifyRequest): FaultAction | undefined {
   return request.trace?.fault?.action;
@@ -56,7 +70,7 @@ export function installFaults(app: FastifyInstance, core: LoopsCore): void {
         return sendError(reply, action.status, type, action.message ?? `Injected by loops-mock fault rule ${decided.id}.`, { fault_id: decided.id, ...(action.retry_after_s !== undefined ? { retry_after_s: action.retry_after_s } : {}) });
       }
       case 'delay':
-        await new Promise((resolve) => setTimeout(resolve, action.ms));
+        await abortableSleep(action.ms, core.stopSignal);
         return;
       case 'drop':
         if (action.phase === 'after') return; // the onSend hook below drops the answer

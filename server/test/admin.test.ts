@@ -547,6 +547,31 @@ describe('scenarios', () => {
   }, 120_000);
 });
 
+describe('shutdown with waits held open', () => {
+  it('ends a long injected delay, a held poll and a floor wait on the virtual clock instead of hanging the close', async () => {
+    const { api, admin } = await start({ clockMode: 'virtual', floorWaitMs: 600_000 });
+    const { trainer, sampler } = await newRun(api);
+    await admin.updateSettings({ weight_sync_delay_ms: 600_000 });
+    await submitAndPoll(api, trainer, 'optim_step', {}, 'sd-0');
+    await submitAndPoll(api, trainer, 'save_weights_for_sampler', { name: 'v1' }, 'sd-p');
+    const op = (await api.call('POST', `${trainer}/forward`, fb, { 'idempotency-key': 'sd-1' })).body.operation_id;
+    await admin.addFault({ match: { route: '/v1/loops/capabilities' }, action: { type: 'delay', ms: 600_000 } });
+    await admin.addFault({ match: { op: 'forward' }, action: { type: 'hold_poll' } });
+    const waits = [
+      api.call('GET', '/v1/loops/capabilities').then((r) => r.status),
+      api.call('GET', `${trainer}/operations/${op}`).then((r) => r.status),
+      api.call('POST', `${sampler}/sample`, sampleBody, { 'x-min-policy-version': '1' }).then((r) => r.status),
+    ];
+    await sleep(300);
+    const t0 = performance.now();
+    await server.close();
+    expect(performance.now() - t0).toBeLessThan(5000);
+    const statuses = await Promise.all(waits.map((w) => w.catch(() => 0)));
+    expect(statuses.slice(1)).toEqual([503, 503]);
+    expect(statuses[0]).not.toBe(500);
+  });
+});
+
 describe('state after injected failures', () => {
   it('a flaky client session ends consistent: every step counted once, every checkpoint listed and downloadable', async () => {
     const { api, admin } = await start();

@@ -67,11 +67,21 @@ export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore): void {
     const windowMs = core.settings.longPollMs;
     if (faultOf(req)?.type === 'hold_poll') {
       // A fault rule holds this poll for its whole window, done or not.
-      const timedOut = await new Promise<boolean>((resolve) => {
-        const timer = core.clock.setTimer(windowMs, () => resolve(true));
-        reply.raw.once('close', () => { timer.cancel(); resolve(false); });
+      const signal = core.stopSignal;
+      const ended = await new Promise<'window' | 'gone' | 'stopping'>((resolve) => {
+        const timer = core.clock.setTimer(windowMs, () => finish('window'));
+        const onStop = () => finish('stopping');
+        function finish(how: 'window' | 'gone' | 'stopping') {
+          timer.cancel();
+          signal.removeEventListener('abort', onStop);
+          resolve(how);
+        }
+        if (signal.aborted) return finish('stopping');
+        signal.addEventListener('abort', onStop);
+        reply.raw.once('close', () => finish('gone'));
       });
-      if (timedOut) return sendError(reply, 408, 'operation_pending', `Operation ${op.id} (${op.op}) is still ${op.status === 'done' || op.status === 'error' ? 'running' : op.status}; poll again.`, { operation_id: op.id, status: 'running' });
+      if (ended === 'stopping') return sendError(reply, 503, 'shutting_down', 'The trainer is shutting down.');
+      if (ended === 'window') return sendError(reply, 408, 'operation_pending', `Operation ${op.id} (${op.op}) is still ${op.status === 'done' || op.status === 'error' ? 'running' : op.status}; poll again.`, { operation_id: op.id, status: 'running' });
       return reply;
     }
     if (op.status === 'queued' || op.status === 'running') {
