@@ -121,9 +121,17 @@ function topPOf(candidates: number[], probs: Float32Array, topP: number): number
  * bucket where the mass crosses `topP` is split again on the next 13 bits,
  * and only that finer bucket is sorted. The draw scans tokens in index order.
  */
+/** Scratch buffers of drawNucleus, grown to the vocabulary once: sampling runs on one thread, one call at a time. */
+let edgeScratch = new Int32Array(0);
+let markScratch = new Uint8Array(0);
+
 function drawNucleus(probs: Float32Array, topP: number, rng: Prng): number {
   const V = probs.length;
   const bits = new Int32Array(probs.buffer, probs.byteOffset, V);
+  if (edgeScratch.length < V) {
+    edgeScratch = new Int32Array(V);
+    markScratch = new Uint8Array(V);
+  }
   const BUCKETS = 1 << 13;
   const mass = new Float64Array(BUCKETS);
   let total = 0;
@@ -135,30 +143,46 @@ function drawNucleus(probs: Float32Array, topP: number, rng: Prng): number {
   let kept = 0;
   let crossing = BUCKETS - 1;
   for (; crossing > 0 && kept + mass[crossing]! < target; crossing--) kept += mass[crossing]!;
-  // Within the crossing bucket, a second histogram on the next 13 bits; only its crossing bucket is sorted.
-  const edge: number[] = [];
-  for (let v = 0; v < V; v++) if (bits[v]! >>> 18 === crossing) edge.push(v);
+  // Within the crossing bucket, a second histogram on the next 13 bits. A near-uniform distribution
+  // (an untrained model) puts tens of thousands of tokens in it: typed arrays, no Sets, no sort.
+  const edge = edgeScratch;
+  let edgeLength = 0;
   const fine = new Float64Array(BUCKETS);
-  for (const v of edge) fine[(bits[v]! >>> 5) & (BUCKETS - 1)]! += probs[v]!;
+  for (let v = 0; v < V; v++) {
+    if (bits[v]! >>> 18 === crossing) {
+      edge[edgeLength++] = v;
+      fine[(bits[v]! >>> 5) & (BUCKETS - 1)]! += probs[v]!;
+    }
+  }
   let fineCrossing = BUCKETS - 1;
   for (; fineCrossing > 0 && kept + fine[fineCrossing]! < target; fineCrossing--) kept += fine[fineCrossing]!;
-  const inEdge = new Set<number>();
-  const tie: number[] = [];
-  for (const v of edge) {
+  // A third histogram on the last 5 bits of the fine crossing bucket: its crossing bucket holds equal
+  // probabilities only, already in token order, so taking them in order until the target needs no sort.
+  const inEdge = markScratch;
+  const low = new Float64Array(32);
+  for (let k = 0; k < edgeLength; k++) {
+    const v = edge[k]!;
     const f = (bits[v]! >>> 5) & (BUCKETS - 1);
-    if (f > fineCrossing) inEdge.add(v);
-    else if (f === fineCrossing) tie.push(v);
+    inEdge[v] = f > fineCrossing ? 1 : 0;
+    if (f === fineCrossing) low[bits[v]! & 31]! += probs[v]!;
   }
-  tie.sort((a, b) => probs[b]! - probs[a]! || a - b);
-  for (const v of tie) {
-    inEdge.add(v);
-    if ((kept += probs[v]!) >= target) break;
+  let lowCrossing = 31;
+  for (; lowCrossing > 0 && kept + low[lowCrossing]! < target; lowCrossing--) kept += low[lowCrossing]!;
+  for (let k = 0; k < edgeLength; k++) {
+    const v = edge[k]!;
+    if (((bits[v]! >>> 5) & (BUCKETS - 1)) !== fineCrossing) continue;
+    const l = bits[v]! & 31;
+    if (l > lowCrossing) inEdge[v] = 1;
+    else if (l === lowCrossing && kept < target) {
+      inEdge[v] = 1;
+      kept += probs[v]!;
+    }
   }
   let u = rng.next() * kept;
-  let last = edge[0] ?? 0;
+  let last = edgeLength ? edge[0]! : 0;
   for (let v = 0; v < V; v++) {
     const b = bits[v]! >>> 18;
-    if (b > crossing || (b === crossing && inEdge.has(v))) {
+    if (b > crossing || (b === crossing && inEdge[v] === 1)) {
       last = v;
       if ((u -= probs[v]!) < 0) return v;
     }
