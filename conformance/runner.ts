@@ -3,9 +3,8 @@ import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parse } from 'yaml';
 import type { EnginePool } from '../models/index.js';
-import { readScenarioSource, shippedScenarioNames } from '../server/admin/scenario.js';
+import { parseScenario, readScenarioSource, shippedScenarioNames } from '../server/admin/scenario.js';
 import { startServer } from '../server/index.js';
 import { CHECKS, type Check, type CheckResult, type ClientOutput, type Evidence } from './checks.js';
 import { TASK_NAMES, taskInputs, type TaskName } from './tasks.js';
@@ -42,8 +41,9 @@ export function listCases(scenarios?: string[], tasks?: string[]): CaseSpec[] {
   const cases: CaseSpec[] = [];
   for (const scenario of names) {
     if (scenarios?.length && !scenarios.includes(scenario)) continue;
-    const doc = parse(readScenarioSource(scenario).text) as { conformance?: { tasks?: Record<string, string> } };
-    for (const [task, expect] of Object.entries(doc.conformance?.tasks ?? {})) {
+    const source = readScenarioSource(scenario);
+    const spec = parseScenario(source.text, source.source) as { conformance?: { tasks?: Record<string, string> } };
+    for (const [task, expect] of Object.entries(spec.conformance?.tasks ?? {})) {
       if (!(TASK_NAMES as string[]).includes(task) || (expect !== 'ok' && expect !== 'error')) throw new Error(`scenario ${scenario}: conformance.tasks.${task}: expected a task (${TASK_NAMES.join(', ')}) mapped to ok or error`);
       if (tasks?.length && !tasks.includes(task)) continue;
       cases.push({ scenario, task: task as TaskName, expect });

@@ -4,8 +4,6 @@ import Type from 'typebox';
 import { ManualClock } from '../core/clock.js';
 import type { LoopsCore } from '../core/core.js';
 import { conflict, LoopsError, notFound } from '../core/errors.js';
-import type { FaultRuleInput } from '../core/faults.js';
-import type { ProgressRuleInput } from '../core/progress.js';
 import { applySettings, settingsToWire } from '../core/settings.js';
 import { applyScenario, parseScenario, readScenarioSource, shippedScenarioNames } from './scenario.js';
 import {
@@ -20,6 +18,27 @@ export interface AdminOptions {
 
 const Removed = Type.Object({ removed: Type.Integer() });
 const ScenarioApplied = Type.Object({ name: Type.Union([Type.String(), Type.Null()]), faults: Type.Integer(), progress: Type.Integer() });
+
+interface RuleSet<I, R> {
+  list(): R[];
+  add(input: I): R;
+  remove(id: string): R;
+  clear(): number;
+}
+
+/** GET, POST, DELETE one and DELETE all of a rule set at /_mock/<name>; `rules` is read per request (reset rebuilds it). */
+function ruleSetRoutes<I, R>(app: FastifyInstance, set: { name: string; idParam: string; rules: () => RuleSet<I, R>; input: object; rule: object; summaries: [string, string, string, string] }): void {
+  const tags = ['admin'];
+  const [listing, adding, removing, clearing] = set.summaries;
+  app.get(`/_mock/${set.name}`, { schema: { tags, summary: listing, response: { 200: Type.Object({ [set.name]: Type.Array(set.rule as never) }) } } },
+    () => ({ [set.name]: set.rules().list() }));
+  app.post(`/_mock/${set.name}`, { schema: { tags, summary: adding, body: set.input, response: { 200: set.rule } } },
+    (req) => set.rules().add(req.body as I));
+  app.delete(`/_mock/${set.name}/:${set.idParam}`, { schema: { tags, summary: removing, params: Type.Object({ [set.idParam]: Type.String() }), response: { 200: set.rule } } },
+    (req) => set.rules().remove((req.params as Record<string, string>)[set.idParam]!));
+  app.delete(`/_mock/${set.name}`, { schema: { tags, summary: clearing, response: { 200: Removed } } },
+    () => ({ removed: set.rules().clear() }));
+}
 
 /**
  * The admin API under /_mock/: reset, the request journal, fault and
@@ -64,27 +83,16 @@ export function adminRoutes(appIn: FastifyInstance, core: LoopsCore, options: Ad
     return { entries, next_since: entries.length ? entries[entries.length - 1]!.seq : query.since ?? 0, evicted: core.journal.evicted };
   });
 
-  // ---- faults ------------------------------------------------------------
+  // ---- faults and operation progress: two rule sets with the same four routes ----
 
-  app.get('/_mock/faults', { schema: { tags, summary: 'Fault rules, with how often each matched and acted', response: { 200: Type.Object({ faults: Type.Array(FaultRule) }) } } },
-    () => ({ faults: core.faults.list() }));
-  app.post('/_mock/faults', { schema: { tags, summary: 'Adds a fault rule (acts on the Loops surfaces, never on /_mock)', body: FaultRuleBody, response: { 200: FaultRule } } },
-    (req) => core.faults.add(req.body as FaultRuleInput));
-  app.delete('/_mock/faults/:fault_id', { schema: { tags, summary: 'Removes one fault rule', params: Type.Object({ fault_id: Type.String() }), response: { 200: FaultRule } } },
-    (req) => core.faults.remove(req.params.fault_id));
-  app.delete('/_mock/faults', { schema: { tags, summary: 'Removes every fault rule', response: { 200: Removed } } },
-    () => ({ removed: core.faults.clear() }));
-
-  // ---- operation progress ------------------------------------------------
-
-  app.get('/_mock/progress', { schema: { tags, summary: 'Operation progress rules', response: { 200: Type.Object({ progress: Type.Array(ProgressRule) }) } } },
-    () => ({ progress: core.progress.list() }));
-  app.post('/_mock/progress', { schema: { tags, summary: 'Adds a progress rule: operations complete after N polls, after T ms, or when released', body: ProgressRuleBody, response: { 200: ProgressRule } } },
-    (req) => core.progress.add(req.body as ProgressRuleInput));
-  app.delete('/_mock/progress/:rule_id', { schema: { tags, summary: 'Removes one progress rule (operations it holds stay held until released)', params: Type.Object({ rule_id: Type.String() }), response: { 200: ProgressRule } } },
-    (req) => core.progress.remove(req.params.rule_id));
-  app.delete('/_mock/progress', { schema: { tags, summary: 'Removes every progress rule', response: { 200: Removed } } },
-    () => ({ removed: core.progress.clear() }));
+  ruleSetRoutes(app, {
+    name: 'faults', idParam: 'fault_id', rules: () => core.faults, input: FaultRuleBody, rule: FaultRule,
+    summaries: ['Fault rules, with how often each matched and acted', 'Adds a fault rule (acts on the Loops surfaces, never on /_mock)', 'Removes one fault rule', 'Removes every fault rule'],
+  });
+  ruleSetRoutes(app, {
+    name: 'progress', idParam: 'rule_id', rules: () => core.progress, input: ProgressRuleBody, rule: ProgressRule,
+    summaries: ['Operation progress rules', 'Adds a progress rule: operations complete after N polls, after T ms, or when released', 'Removes one progress rule (operations it holds stay held until released)', 'Removes every progress rule'],
+  });
   app.get('/_mock/operations', {
     schema: { tags, summary: 'Operations whose results a progress rule holds back now', response: { 200: Type.Object({ held: Type.Array(Type.Object({ operation_id: Type.String(), run_id: Type.String(), op: Type.String(), status: Type.String(), rule: Type.String(), mode: Type.String(), polls_seen: Type.Integer() })) }) } },
   }, () => ({ held: core.operations.held() }));

@@ -65,7 +65,11 @@ export function installFaults(app: FastifyInstance, core: LoopsCore): void {
       case 'respond': {
         for (const [name, value] of Object.entries(action.headers ?? {})) reply.header(name, value);
         if (action.retry_after_s !== undefined) reply.header('retry-after', String(action.retry_after_s));
-        if (action.body !== undefined) return reply.code(action.status).type('application/json').send(JSON.stringify(action.body));
+        if (action.body !== undefined) {
+          // Objects go through serialisation (and the journal reads them); other JSON values are sent as text.
+          const body = action.body !== null && typeof action.body === 'object' ? action.body : JSON.stringify(action.body);
+          return reply.code(action.status).type('application/json').send(body);
+        }
         const type = action.error_type ?? DEFAULT_ERROR_TYPE[action.status] ?? (action.status >= 500 ? 'internal_error' : 'invalid_request');
         return sendError(reply, action.status, type, action.message ?? `Injected by loops-mock fault rule ${decided.id}.`, { fault_id: decided.id, ...(action.retry_after_s !== undefined ? { retry_after_s: action.retry_after_s } : {}) });
       }

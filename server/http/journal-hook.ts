@@ -54,34 +54,31 @@ const header = (request: FastifyRequest, name: string) => {
   return Array.isArray(v) ? v[0] : v;
 };
 
-/** What clients act on in an answer, read from a JSON payload small enough to look at. */
-function responseFacts(payload: unknown, reply: FastifyReply): { facts: NonNullable<JournalEntry['response']>; operationId?: string; body?: unknown } {
+/** What clients act on in an answer body: error type and class, operation status and id, policy version. */
+function bodyFacts(payload: unknown): { facts: NonNullable<JournalEntry['response']>; operationId?: string } {
   const facts: NonNullable<JournalEntry['response']> = {};
-  let operationId: string | undefined;
-  let parsed: unknown;
-  if (typeof payload === 'string' && payload.length < 1 << 24 && payload.startsWith('{')) {
-    try {
-      const body = JSON.parse(payload) as Record<string, unknown>;
-      parsed = body;
-      const error = body.error as Record<string, unknown> | undefined;
-      if (error && typeof error === 'object') {
-        if (typeof error.type === 'string') facts.error_type = error.type;
-        if (typeof error.error_class === 'string') facts.error_class = error.error_class;
-      }
-      if (body.status === 'done' || body.status === 'error') facts.operation_status = body.status;
-      if (typeof body.operation_id === 'string') operationId = body.operation_id;
-      if (typeof body.policy_version === 'number') facts.policy_version = body.policy_version;
-      const result = body.result as Record<string, unknown> | undefined;
-      if (result && typeof result.policy_version === 'number') facts.policy_version = result.policy_version;
-    } catch {
-      // Not JSON after all: nothing to read.
-    }
+  if (!payload || typeof payload !== 'object' || Array.isArray(payload)) return { facts };
+  const body = payload as Record<string, unknown>;
+  const error = body.error as Record<string, unknown> | undefined;
+  if (error && typeof error === 'object') {
+    if (typeof error.type === 'string') facts.error_type = error.type;
+    if (typeof error.error_class === 'string') facts.error_class = error.error_class;
   }
+  if (body.status === 'done' || body.status === 'error') facts.operation_status = body.status;
+  if (typeof body.policy_version === 'number') facts.policy_version = body.policy_version;
+  const result = body.result as Record<string, unknown> | undefined;
+  if (result && typeof result.policy_version === 'number') facts.policy_version = result.policy_version;
+  return { facts, operationId: typeof body.operation_id === 'string' ? body.operation_id : undefined };
+}
+
+/** What clients act on in the answer's headers. */
+function headerFacts(reply: FastifyReply, facts: NonNullable<JournalEntry['response']>): NonNullable<JournalEntry['response']> {
+  const out = { ...facts };
   const version = reply.getHeader('x-policy-version');
-  if (version !== undefined && facts.policy_version === undefined) facts.policy_version = Number(version);
+  if (version !== undefined && out.policy_version === undefined) out.policy_version = Number(version);
   const retry = reply.getHeader('retry-after');
-  if (retry !== undefined) facts.retry_after = String(retry);
-  return { facts, operationId, body: parsed };
+  if (retry !== undefined) out.retry_after = String(retry);
+  return out;
 }
 
 /**
@@ -121,16 +118,18 @@ export function installJournal(app: FastifyInstance, core: LoopsCore): void {
       const op = opOf(core, request, route);
       if (op) entry.op = op;
       if (request.body !== undefined && request.body !== null) entry.body = core.journal.keep(request.body);
-      if (answered && trace.response && Object.keys(trace.response).length) entry.response = trace.response;
+      const response = headerFacts(reply, trace.response ?? {});
+      if (answered && Object.keys(response).length) entry.response = response;
       if (answered && trace.responseBody !== undefined && core.journal.detail === 'full') entry.response_body = trace.responseBody;
       if (trace.fault) entry.fault = { id: trace.fault.id, action: dropped && trace.fault.action.type === 'drop' && trace.fault.action.phase === 'after' ? 'drop_after' : trace.fault.action.type };
       core.journal.record(entry);
     });
   });
-  app.addHook('onSend', async (request, reply, payload) => {
-    const { facts, operationId, body } = responseFacts(payload, reply);
+  // Read from the answer object before it is serialised: no second parse of every response body.
+  app.addHook('preSerialization', async (request, _reply, payload) => {
+    const { facts, operationId } = bodyFacts(payload);
     request.trace.response = facts;
-    if (core.journal.detail === 'full') request.trace.responseBody = body;
+    if (core.journal.detail === 'full') request.trace.responseBody = payload;
     if (operationId) request.trace.operationId = operationId;
     return payload;
   });

@@ -74,17 +74,21 @@ export function pointer(value: unknown, ptr: string): unknown {
   return cur;
 }
 
-/** Replaces `{name}` placeholders in every string of a template. */
-export function fill<T>(template: T, vars: Map<string, string>, fresh: (name: string) => string): T {
-  const text = (s: string) => s.replace(/\{(key:[A-Za-z0-9_]+|[A-Za-z0-9_]+)\}/g, (whole, name: string) => {
-    if (name.startsWith('key:')) return fresh(name);
-    return vars.get(name) ?? whole;
-  });
+/** A copy of a JSON value with `fn` applied to every string in it. */
+export function mapStrings<T>(value: T, fn: (s: string) => string): T {
   const walk = (v: unknown): unknown => {
-    if (typeof v === 'string') return text(v);
+    if (typeof v === 'string') return fn(v);
     if (Array.isArray(v)) return v.map(walk);
     if (v && typeof v === 'object') return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, walk(x)]));
     return v;
   };
-  return walk(template) as T;
+  return walk(value) as T;
+}
+
+/** Replaces `{name}` placeholders in every string of a template. */
+export function fill<T>(template: T, vars: Map<string, string>, fresh: (name: string) => string): T {
+  return mapStrings(template, (s) => s.replace(/\{(key:[A-Za-z0-9_]+|[A-Za-z0-9_]+)\}/g, (whole, name: string) => {
+    if (name.startsWith('key:')) return fresh(name);
+    return vars.get(name) ?? whole;
+  }));
 }

@@ -3,7 +3,7 @@ import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
-import { shapeOf, type Fixture, type FixtureExchange } from './fixture-format.js';
+import { mapStrings, shapeOf, type Fixture, type FixtureExchange } from './fixture-format.js';
 
 export interface RecorderOptions {
   /** The Loops endpoint to record: its control plane URL (loops-mock, or the real service). */
@@ -69,12 +69,7 @@ export async function startRecorder(options: RecorderOptions): Promise<Recorder>
     if (via && origins[Number(via[1])]) return `${origins[Number(via[1])]}${via[2] ?? ''}`;
     return `${upstream}${path}`;
   };
-  const rewrite = (v: unknown): unknown => {
-    if (typeof v === 'string') return /^https?:\/\//.test(v) ? proxied(v) : v;
-    if (Array.isArray(v)) return v.map(rewrite);
-    if (v && typeof v === 'object') return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, rewrite(x)]));
-    return v;
-  };
+  const rewrite = (v: unknown): unknown => mapStrings(v, (x) => (/^https?:\/\//.test(x) ? proxied(x) : x));
 
   /** Names every id-like value of an answer not seen before; returns the captures. */
   const learn = (body: unknown): Record<string, string> => {
@@ -113,12 +108,6 @@ export async function startRecorder(options: RecorderOptions): Promise<Recorder>
       return `${n ? `{${n}}` : head}${query.length ? `?${query.join('?')}` : ''}`;
     }).join('/');
   };
-  const templateBody = (v: unknown): unknown => {
-    if (typeof v === 'string') return templated(v);
-    if (Array.isArray(v)) return v.map(templateBody);
-    if (v && typeof v === 'object') return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, templateBody(x)]));
-    return v;
-  };
 
   const record = (req: IncomingMessage, requestBody: unknown, status: number, responseBody: unknown, binary: boolean) => {
     const path = req.url ?? '/';
@@ -141,7 +130,7 @@ export async function startRecorder(options: RecorderOptions): Promise<Recorder>
         // Under a captured base_url: relative to it; anything else: a path on the server.
         url: [...names.keys()].some((v) => /^https?:\/\//.test(v) && `${base}${path}`.startsWith(v)) ? templated(`${base}${path}`) : templated(path),
         ...(Object.keys(headers).length ? { headers } : {}),
-        ...(requestBody !== undefined ? { body: templateBody(requestBody) } : {}),
+        ...(requestBody !== undefined ? { body: mapStrings(requestBody, templated) } : {}),
       },
       ...(isPoll ? { poll: true } : {}),
       response: { status, shape: binary ? 'binary' : shapeOf(responseBody) },
