@@ -116,4 +116,27 @@ describe('the record and replay commands', () => {
     expect(diff.status).toBe(1);
     expect(diff.stdout).toContain('#3 POST /v1/loops/runs: status 400, the fixture has 404');
   }, 60_000);
+
+  it('refuse missing or bad arguments with one clear line and exit status 2', async () => {
+    const run = (script: string, args: string[]) => new Promise<{ status: number | null; stderr: string }>((done) => {
+      const [node, full] = tsx(script, args);
+      const c = spawn(node, [...full], { cwd: root, stdio: ['ignore', 'ignore', 'pipe'] });
+      let stderr = '';
+      c.stderr!.on('data', (d) => { stderr += d; });
+      c.on('close', (status) => done({ status, stderr }));
+    });
+    for (const [script, args, fragment] of [
+      ['server/cli.ts', ['record', '--out', '/tmp/x'], 'record needs --upstream URL'],
+      ['server/cli.ts', ['record', '--upstream', 'ftp://x', '--out', '/tmp/x'], 'record needs --upstream URL'],
+      ['server/cli.ts', ['record', '--upstream', 'http://127.0.0.1:1'], 'record needs --out DIR'],
+      ['server/cli.ts', ['record', '--upstream', 'http://127.0.0.1:1', '--out', '/tmp/x', '--flow', '../evil'], '--flow must be a file name'],
+      ['conformance/cli.ts', ['replay', '--server', 'http://127.0.0.1:1'], '--key KEY is required'],
+      ['conformance/cli.ts', ['replay', '--key', 'k'], '--server URL is required'],
+      ['conformance/cli.ts', ['replay', '--server', 'http://127.0.0.1:1', '--key', 'k', '--flow', 'nope'], 'unknown flow nope'],
+    ] as [string, string[], string][]) {
+      const { status, stderr } = await run(script, args);
+      expect(status, args.join(' ')).toBe(2);
+      expect(stderr, args.join(' ')).toContain(fragment);
+    }
+  }, 60_000);
 });
