@@ -166,7 +166,7 @@ export class Sampling {
   }
 
   private miss(s: SamplerRecord, floor: number, unreachable: boolean): FloorMiss {
-    return { floor, replicas: this.replicas(s), published_version: this.weights.version(s.id), unreachable, retry_after_s: Math.max(1, Math.ceil(Math.max(...this.options.weightSyncDelayMs, 0) / 1000)) };
+    return { floor, replicas: this.replicas(s), published_version: this.weights.version(s.id), unreachable, retry_after_s: Math.max(1, Math.ceil(Math.max(0, ...this.state(s).replicas.map((r) => this.delayOf(r))) / 1000)) };
   }
 
   private state(s: SamplerRecord): SamplerState {
