@@ -153,8 +153,10 @@ describe('fault actions, as a client sees them', () => {
   });
 
   it('hold_poll: a poll is held for its whole window and answers 408 though the operation is done', async () => {
-    const { api, admin } = await start({ longPollMs: 200 });
+    const { api, admin } = await start({ longPollMs: 500 });
     const { trainer } = await newRun(api);
+    // Built graphs first: a cold first step could outlast the window by itself and add a real 408.
+    await submitAndPoll(api, trainer, 'forward', fb, 'warm-up');
     await admin.addFault({ match: { op: 'forward' }, action: { type: 'hold_poll' }, times: 2 });
     const result = await submitAndPoll(api, trainer, 'forward', fb, 'f-1');
     expect(result.statuses).toEqual([408, 408, 200]);
@@ -456,6 +458,8 @@ describe('scenarios', () => {
     },
     'long-operations': async (api) => {
       const { trainer } = await newRun(api);
+      // A forward (not held) builds the graphs, so compute time does not add a window of its own.
+      await submitAndPoll(api, trainer, 'forward', fb, 'lop-warm');
       expect((await submitAndPoll(api, trainer, 'forward_backward', fb, 'lop')).statuses).toEqual([408, 408, 408, 200]);
     },
     'deactivation-during-training': async (api) => {
