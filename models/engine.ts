@@ -47,11 +47,19 @@ export interface RowCache {
 export interface DecodeRow {
   token: number;
   cache: RowCache;
+  /**
+   * Draw the next token inside the graph at this uniform number in [0, 1)
+   * (negative: the most likely token), so that only the token comes back.
+   * Absent: the whole next-token distribution comes back.
+   */
+  draw?: number;
 }
 
+/** One row after a decode step: the token drawn in the graph, or the distribution to choose from. */
 export interface RowStep {
-  logprobs: Float32Array;
-  probs: Float32Array;
+  drawn?: { token: number; logprob: number };
+  logprobs?: Float32Array;
+  probs?: Float32Array;
   cache: RowCache;
 }
 
@@ -115,7 +123,7 @@ export class ModelEngine {
   }
 
   /** Loads every session now rather than at first use (a server warming up). */
-  async warm(kinds: GraphKind[] = ['forward', 'backward', 'decode']): Promise<void> {
+  async warm(kinds: GraphKind[] = ['forward', 'backward', ...DECODE_KINDS]): Promise<void> {
     for (const k of kinds) await this.runner.warm(k);
   }
 
@@ -195,6 +203,24 @@ export class ModelEngine {
    * each), and the grown cache.
    */
   async decode(tokens: number[][], adapter: LoraAdapter, state: DecodeState | null, invTemperature = 1): Promise<{ logprobs: Float32Array; probs: Float32Array; state: DecodeState }> {
+    const { result, state: grown } = await this.prefill(tokens, adapter, state, invTemperature, 'decode', null);
+    return { logprobs: result.logprobs!, probs: result.probs!, state: grown };
+  }
+
+  /**
+   * Like decode for one sequence, but the graph draws `draws.length` next
+   * tokens itself, one per uniform number (negative: the most likely token,
+   * for every draw), and only they and their logprobs come back.
+   */
+  async decodeAndDraw(tokens: number[], adapter: LoraAdapter, invTemperature: number, draws: number[]): Promise<{ drawn: { token: number; logprob: number }[]; state: DecodeState }> {
+    const greedy = draws[0]! < 0;
+    const { result, state } = await this.prefill([tokens], adapter, null, invTemperature, greedy ? 'greedy' : 'draw', greedy ? null : draws);
+    const ids = result.token as unknown as BigInt64Array;
+    const drawn = draws.map((_, i) => ({ token: Number(ids[greedy ? 0 : i]!), logprob: result.token_logprob![greedy ? 0 : i]! }));
+    return { drawn, state };
+  }
+
+  private async prefill(tokens: number[][], adapter: LoraAdapter, state: DecodeState | null, invTemperature: number, kind: 'decode' | 'draw' | 'greedy', draws: number[] | null): Promise<{ result: Record<string, Float32Array>; state: DecodeState }> {
     const B = tokens.length;
     const Tq = tokens[0]!.length;
     const P = state?.length ?? 0;
@@ -210,9 +236,10 @@ export class ModelEngine {
       feeds[`past_k.${l}`] = feed('float32', state?.past[2 * l] ?? new Float32Array(0), [B, heads, P, hd]);
       feeds[`past_v.${l}`] = feed('float32', state?.past[2 * l + 1] ?? new Float32Array(0), [B, heads, P, hd]);
     }
+    if (draws) feeds.u = feed('float32', Float32Array.from(draws), [B, draws.length]);
     const presents = Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat();
-    const result = await this.run('decode', feeds, ['logprobs', 'probs', ...presents], adapter);
-    return { logprobs: result.logprobs!, probs: result.probs!, state: { past: presents.map((n) => result[n]!), batch: B, length: P + Tq } };
+    const result = await this.run(kind, feeds, [...(kind === 'decode' ? ['logprobs', 'probs'] : ['token', 'token_logprob']), ...presents], adapter);
+    return { result, state: { past: presents.map((n) => result[n]!), batch: B, length: P + Tq } };
   }
 
   /**
@@ -246,9 +273,12 @@ export class ModelEngine {
     while (this.pendingRows.length) {
       // Let the other streams, busy choosing their tokens, join this batch: at most a few milliseconds.
       for (let waited = 0; this.pendingRows.length < this.streams && waited < BATCH_WAIT_MS; waited++) await new Promise((r) => setTimeout(r, 1));
+      // One graph run serves one adapter version, and rows drawn in the graph never share a run with rows
+      // that want the whole distribution (different graphs).
+      const keyOf = (p: { rows: DecodeRow[]; adapter: LoraAdapter }) => `${p.adapter.id}:${p.adapter.version}:${stepKind(p.rows[0]!)}`;
       const head = this.pendingRows[0]!;
-      const key = `${head.adapter.id}:${head.adapter.version}`;
-      const batch = this.pendingRows.filter((p) => `${p.adapter.id}:${p.adapter.version}` === key).slice(0, MAX_BATCH_REQUESTS);
+      const key = keyOf(head);
+      const batch = this.pendingRows.filter((p) => keyOf(p) === key).slice(0, MAX_BATCH_REQUESTS);
       this.pendingRows = this.pendingRows.filter((p) => !batch.includes(p));
       try {
         const steps = await this.stepRows(batch.flatMap((p) => p.rows), batch.flatMap((p) => p.rows.map(() => p.invTemperature)), head.adapter);
@@ -288,7 +318,10 @@ export class ModelEngine {
       feeds[`${i % 2 === 0 ? 'past_k' : 'past_v'}.${Math.floor(i / 2)}`] = feed('float32', past, [B, heads, P, hd]);
     }
     const presents = Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat();
-    const result = await this.run('decode', feeds, ['logprobs', 'probs', ...presents], adapter);
+    const kind = stepKind(rows[0]!);
+    if (kind === 'draw') feeds.u = feed('float32', Float32Array.from(rows, (r) => r.draw!), [B, 1]);
+    const drawn = kind !== 'decode';
+    const result = await this.run(kind, feeds, drawn ? ['token', 'token_logprob', ...presents] : ['logprobs', 'probs', ...presents], adapter);
     return rows.map((r, b) => {
       const len = r.cache.length;
       // Each row's cache grows by one: its own positions, then the new one (the padding is dropped).
@@ -302,17 +335,19 @@ export class ModelEngine {
         }
         return out;
       });
-      return { logprobs: result.logprobs!.subarray(b * vocab, (b + 1) * vocab), probs: result.probs!.subarray(b * vocab, (b + 1) * vocab), cache: { past, length: len + 1 } };
+      const cache = { past, length: len + 1 };
+      if (drawn) return { drawn: { token: Number((result.token as unknown as BigInt64Array)[b]!), logprob: result.token_logprob![b]! }, cache };
+      return { logprobs: result.logprobs!.subarray(b * vocab, (b + 1) * vocab), probs: result.probs!.subarray(b * vocab, (b + 1) * vocab), cache };
     });
   }
 
 
 
   private run(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[], adapter: LoraAdapter): Promise<Record<string, Float32Array>> {
-    // (topk_indices comes back as a BigInt64Array; callers that read it say so.)
+    // (topk_indices and token come back as BigInt64Arrays; callers that read them say so.)
     // Many scored positions: merge LoRA into the unembedding weight first (see GraphOptions).
     const scored = feeds.targets?.dims.reduce((p, n) => p * n, 1) ?? 0;
-    const merged = kind !== 'decode' && scored >= MERGE_FROM_POSITIONS;
+    const merged = !DECODE_KINDS.includes(kind) && scored >= MERGE_FROM_POSITIONS;
     const job = this.queue.then(async () => {
       const result = await this.runner.run({ kind, merged, feeds, outputs, adapter: { id: adapter.id, version: adapter.version, feeds: this.loraFeeds(adapter) } });
       return Object.fromEntries(outputs.map((n) => [n, result[n]!.data as Float32Array]));
@@ -521,6 +556,14 @@ class WorkerRunner implements Runner {
     this.worker = worker;
     return worker;
   }
+}
+
+/** The decode graphs: the whole next-token distribution out, or the next token drawn or chosen inside. */
+const DECODE_KINDS: GraphKind[] = ['decode', 'draw', 'greedy'];
+
+/** Which decode graph serves a row: every row of one graph run shares it. */
+function stepKind(row: DecodeRow): 'decode' | 'draw' | 'greedy' {
+  return row.draw === undefined ? 'decode' : row.draw < 0 ? 'greedy' : 'draw';
 }
 
 function positionsOf(s: ScoredSequence): number[] {

@@ -4,6 +4,9 @@ import { DeviceUnavailableError } from './device-error.js';
 import { ADAPTER_CACHE_SIZE, AdapterNotCachedError, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
 import { baseWeights, buildGraph, buildMergeGraph, type GraphKind } from './transformer.js';
 
+/** Decode runs of one adapter version before its unembedding is merged (see worthMerging). */
+const MERGE_AFTER_DECODE_RUNS = 64;
+
 /** Merged unembeddings kept for decoding (39 MB each at the Qwen vocabulary). */
 const MERGED_CACHE_SIZE = 3;
 
@@ -32,11 +35,12 @@ export class GraphRunner {
   async run(req: RunRequest): Promise<Record<string, Feed>> {
     // Decoding reads the whole unembedding every step: with LoRA merged into it once per adapter
     // version, a step is one product instead of two and a sum over [rows × vocab].
-    const decode = req.kind === 'decode';
-    const session = await this.session(req.kind, req.merged || decode);
+    const decode = req.kind === 'decode' || req.kind === 'draw' || req.kind === 'greedy';
+    const merge = decode && this.worthMerging(req.adapter);
+    const session = await this.session(req.kind, req.merged || merge);
     const adapter = this.adapterTensors(req.adapter);
     const feeds: Record<string, ort.Tensor> = { ...this.baseFeeds, ...adapter };
-    if (decode) feeds.lm_head_merged = await this.mergedUnembedding(req.adapter, adapter);
+    if (merge) feeds.lm_head_merged = await this.mergedUnembedding(req.adapter, adapter);
     for (const [name, f] of Object.entries(req.feeds)) feeds[name] = new ort.Tensor(f.type, f.data, f.dims);
     const result = await session.run(feeds, req.outputs);
     return Object.fromEntries(req.outputs.map((n) => {
@@ -60,6 +64,23 @@ export class GraphRunner {
     this.merged.set(a.id, { version: a.version, tensor });
     while (this.merged.size > MERGED_CACHE_SIZE) this.merged.delete(this.merged.keys().next().value!);
     return tensor;
+  }
+
+  /** Decode runs per adapter version so far, until its unembedding is merged. */
+  private readonly decodeRuns = new Map<string, { version: number; runs: number }>();
+
+  /**
+   * Merging costs a few hundred milliseconds of copying (a vocabulary-sized weight) and saves a fraction of
+   * one per step, so an adapter version is merged only once it has decoded for a while: the short samples
+   * of a train-then-sample loop never pay for it, a long sampling phase does once.
+   */
+  private worthMerging(a: RunRequest['adapter']): boolean {
+    if (this.merged.get(a.id)?.version === a.version) return true;
+    const seen = this.decodeRuns.get(a.id);
+    const runs = seen?.version === a.version ? seen.runs + 1 : 1;
+    this.decodeRuns.set(a.id, { version: a.version, runs });
+    if (this.decodeRuns.size > ADAPTER_CACHE_SIZE) this.decodeRuns.delete(this.decodeRuns.keys().next().value!);
+    return runs > MERGE_AFTER_DECODE_RUNS;
   }
 
   private adapterTensors(a: RunRequest['adapter']): Record<string, ort.Tensor> {

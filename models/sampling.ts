@@ -43,15 +43,23 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
 
   // The graph applies the temperature (greedy: none) and returns log-softmax and its exp per row.
   const invT = params.temperature === 0 ? 1 : 1 / params.temperature;
-  const first = await engine.decode([prompt], adapter, null, invT);
+  // The graph draws the tokens itself where it can (greedy, or no top-p or top-k cut): only the tokens cross
+  // back, not two vocabulary-sized arrays per row. Their uniform numbers come from the same generator, taken
+  // in the same order as chooseToken takes them, so a seed still fixes the tokens.
+  const drawInGraph = params.temperature === 0 || (params.top_p >= 1 && !(params.top_k > 0 && params.top_k < engine.dims.vocab));
+  const drawOf = () => (drawInGraph ? { draw: params.temperature === 0 ? -1 : rng.next() } : {});
+  const first = drawInGraph
+    ? await engine.decodeAndDraw(prompt, adapter, invT, seqs.map(() => drawOf().draw!))
+    : await engine.decode([prompt], adapter, null, invT);
   // Every sample starts from the prompt's cache; unfinished rows then step together, batched with other requests'.
   const close = engine.openStream();
   try {
-  let rows: { i: number; step: RowStep }[] = seqs.map((_, i) => ({ i, step: { logprobs: first.logprobs, probs: first.probs, cache: { past: first.state.past, length: first.state.length } } }));
+  const cache = { past: first.state.past, length: first.state.length };
+  let rows: { i: number; step: RowStep }[] = seqs.map((_, i) => ({ i, step: 'drawn' in first ? { drawn: first.drawn[i], cache } : { logprobs: first.logprobs, probs: first.probs, cache } }));
   for (let step = 0; step < params.max_tokens && rows.length; step++) {
     const next: { i: number; token: number; cache: RowCache }[] = [];
     for (const { i, step: out } of rows) {
-      const [token, logprob] = chooseToken(out.logprobs, out.probs, params, rng);
+      const [token, logprob] = out.drawn ? [out.drawn.token, out.drawn.logprob] : chooseToken(out.logprobs!, out.probs!, params, rng);
       const seq = seqs[i]!;
       seq.tokens.push(token);
       seq.logprobs.push(logprob);
@@ -62,7 +70,7 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
       }
     }
     if (step === params.max_tokens - 1 || !next.length) break;
-    const stepped = await engine.decodeRows(next.map((r) => ({ token: r.token, cache: r.cache })), adapter, invT);
+    const stepped = await engine.decodeRows(next.map((r) => ({ token: r.token, cache: r.cache, ...drawOf() })), adapter, invT);
     rows = next.map((r, k) => ({ i: r.i, step: stepped[k]! }));
   }
   } finally {

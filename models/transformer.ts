@@ -70,7 +70,7 @@ export function baseWeights(modelName: string, dims: ModelDims): BaseWeight[] {
   });
 }
 
-export type GraphKind = 'forward' | 'backward' | 'decode' | 'topk';
+export type GraphKind = 'forward' | 'backward' | 'decode' | 'draw' | 'greedy' | 'topk';
 
 export interface BuiltGraph {
   onnx: Uint8Array;
@@ -83,6 +83,8 @@ export interface BuiltGraph {
  * - forward: logprob of each target token, [B, T];
  * - backward: the same logprobs, and the gradient of Σ c·logprob for every LoRA tensor;
  * - decode: next-token logits of the last position, with a KV cache in and out;
+ * - draw: decode, with the next tokens drawn inside the graph (drawTokens);
+ * - greedy: decode, with the most likely next token chosen inside the graph;
  * - topk: the forward logprobs, and the k most likely tokens at every position (prompt top-k).
  */
 export interface GraphOptions {
@@ -97,7 +99,7 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
   const g = new GraphBuilder(`loops-mock-${kind}`);
   const { dModel: d, heads } = dims;
   const hd = d / heads;
-  const decode = kind === 'decode';
+  const decode = kind === 'decode' || kind === 'draw' || kind === 'greedy';
   const Tk = decode ? 'K' : 'T';
 
   const tokens = g.input('tokens', 'int64', ['B', 'T']);
@@ -163,12 +165,20 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
   if (decode) {
     // Only the last position is decoded: gather it before the unembedding. Log-softmax and its exp (at the
     // request's temperature) are computed here, so the sampler makes no pass over the vocabulary with exp.
-    const last = g.gather(final, g.constI([-1], []), 1);
+    // The temperature scales the last hidden state rather than the logits: the same product, one pass over
+    // [rows × vocab] fewer.
+    const last = g.mul(g.gather(final, g.constI([-1], []), 1), g.input('inv_temperature', 'float32', ['B', 1]));
     // With a merged unembedding the caller feeds W + scale·A·B, built once per adapter version (mergeGraph).
     const logits = options.mergedUnembedding ? g.matmul(last, g.input('lm_head_merged', 'float32', [d, dims.vocab])) : proj(last, 'lm_head', W('embed_t'));
-    const logprobs = g.logSoftmax(g.mul(logits, g.input('inv_temperature', 'float32', ['B', 1])));
-    g.output(logprobs, 'logprobs');
-    g.output(g.exp(logprobs), 'probs');
+    if (kind === 'draw' || kind === 'greedy') {
+      const { token, logprob } = kind === 'draw' ? drawTokens(g, logits, g.input('u', 'float32', ['B', 'N']), dims.vocab) : mostLikely(g, logits);
+      g.output(token, 'token');
+      g.output(logprob, 'token_logprob');
+    } else {
+      const logprobs = g.logSoftmax(logits);
+      g.output(logprobs, 'logprobs');
+      g.output(g.exp(logprobs), 'probs');
+    }
     presents.forEach((s, i) => g.output(s, `present_${i % 2 === 0 ? 'k' : 'v'}.${Math.floor(i / 2)}`));
   } else {
     // Only the scored positions (those with a target that counts) reach the unembedding: with prompts
@@ -195,6 +205,51 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
     }
   }
   return { onnx: g.toOnnx(), loraInputs: [...lora.keys()].flatMap((k) => [`lora.${k}.A`, `lora.${k}.B`]) };
+}
+
+/**
+ * Draws N tokens per row of `logits` ([B, vocab], temperature applied) by
+ * inverse CDF at `u` ([B, N], each in [0, 1)). Nothing vocabulary-sized
+ * leaves the graph: only the tokens and their logprobs. The running sum is
+ * taken in two levels, as one over the whole vocabulary is slow in
+ * onnxruntime: over block masses to find the block where u·total falls,
+ * then within that block.
+ */
+function drawTokens(g: GraphBuilder, logits: Sym, u: Sym, vocab: number): { token: Sym; logprob: Sym } {
+  const { size: S, count: G } = drawBlocks(vocab);
+  const probs = g.softmax(logits);
+  const flat = G * S > vocab ? g.padEnd(probs, [0, G * S - vocab], ['B', G * S]) : probs;
+  const blocks = g.reshape(flat, [0, G, S], ['B', G, S]);
+  const blockMass = g.reduceSum(blocks, [2], false);
+  const blockCum = g.cumsum(blockMass, 1);
+  const target = g.mul(u, g.gather(blockCum, g.constI([G - 1]), 1));
+  // The first index whose running sum passes t ([B, N, 1]): the count of those at or below it. Indices at the
+  // running sum's final value are never counted, so rounding at u ≈ 1 cannot pick a zero-probability block or token.
+  const firstPast = (cum: Sym, t: Sym, n: number) => {
+    const last = g.gather(cum, g.constI([n - 1]), -1);
+    return g.reduceSum(g.cast(g.and(g.lessOrEqual(cum, t), g.less(cum, last)), 'int64'), [-1], false);
+  };
+  const block = firstPast(g.unsqueeze(blockCum, [1]), g.unsqueeze(target, [2]), G);
+  const before = g.sub(g.gatherElements(blockCum, block, 1), g.gatherElements(blockMass, block, 1));
+  const inBlock = g.cumsum(g.gatherRows(blocks, g.unsqueeze(block, [2])), 2);
+  const offset = firstPast(inBlock, g.unsqueeze(g.sub(target, before), [2]), S);
+  const token = g.add(g.mul(block, g.constI([S])), offset);
+  return { token, logprob: g.log(g.gatherElements(probs, token, 1)) };
+}
+
+/** The most likely token of each row ([B, 1]; the first on ties) and its logprob. */
+function mostLikely(g: GraphBuilder, logits: Sym): { token: Sym; logprob: Sym } {
+  const token = g.argmax(logits, 1);
+  return { token, logprob: g.log(g.gatherElements(g.softmax(logits), token, 1)) };
+}
+
+/** Blocks of the two-level draw: a divisor of the vocabulary near its square root, or padding where there is none. */
+export function drawBlocks(vocab: number): { size: number; count: number } {
+  const root = Math.round(Math.sqrt(vocab));
+  for (let k = 0; k < root / 2; k++) {
+    for (const size of [root - k, root + k]) if (size > 1 && vocab % size === 0) return { size, count: vocab / size };
+  }
+  return { size: root, count: Math.ceil(vocab / root) };
 }
 
 /** W + scale·A·B for the unembedding: what a decode graph with a merged unembedding takes as `lm_head_merged`. */

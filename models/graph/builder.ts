@@ -8,7 +8,7 @@ import onnxProto from 'onnx-proto';
 const { onnx } = onnxProto as unknown as { onnx: any };
 
 export type Dim = number | string;
-export type DType = 'float32' | 'int64';
+export type DType = 'float32' | 'int64' | 'bool';
 
 export interface Sym {
   readonly id: number;
@@ -27,7 +27,7 @@ export interface GraphNode {
 /** Node attributes: ints, int lists, or strings. */
 export type Attr = number | number[] | string;
 
-const ELEM_TYPE: Record<DType, number> = { float32: 1, int64: 7 };
+const ELEM_TYPE: Record<DType, number> = { float32: 1, int64: 7, bool: 9 };
 
 export class GraphBuilder {
   readonly nodes: GraphNode[] = [];
@@ -152,13 +152,35 @@ export class GraphBuilder {
     return this.node('ReduceMean', [x], reduced(x.shape, axes, true), x.dtype, { axes, keepdims: 1 });
   }
 
+  /** Running sum along `axis` (inclusive). */
+  cumsum(x: Sym, axis: number): Sym { return this.node('CumSum', [x, this.constI([axis], [])], x.shape); }
+  /** Index of the first largest value along `axis`, kept as a size-1 axis. */
+  argmax(x: Sym, axis: number): Sym { return this.node('ArgMax', [x], reduced(x.shape, [axis], true), 'int64', { axis, keepdims: 1 }); }
+  and(a: Sym, b: Sym): Sym { return this.node('And', [a, b], broadcast(a.shape, b.shape), 'bool'); }
+  lessOrEqual(a: Sym, b: Sym): Sym { return this.node('LessOrEqual', [a, b], broadcast(a.shape, b.shape), 'bool'); }
+  less(a: Sym, b: Sym): Sym { return this.node('Less', [a, b], broadcast(a.shape, b.shape), 'bool'); }
+  cast(x: Sym, to: DType): Sym { return this.node('Cast', [x], x.shape, to, { to: ELEM_TYPE[to] }); }
+  /** cond ? a : b, elementwise. */
+  where(cond: Sym, a: Sym, b: Sym): Sym { return this.node('Where', [cond, a, b], broadcast(cond.shape, broadcast(a.shape, b.shape)), a.dtype); }
+  min(a: Sym, b: Sym): Sym { return this.node('Min', [a, b], broadcast(a.shape, b.shape)); }
+  /** Appends `after[i]` zeros to the end of axis i. */
+  padEnd(x: Sym, after: number[], shape: Dim[]): Sym {
+    return this.node('Pad', [x, this.constI([...after.map(() => 0), ...after])], shape);
+  }
+
   softmax(x: Sym): Sym { return this.node('Softmax', [x], x.shape, x.dtype, { axis: -1 }); }
   logSoftmax(x: Sym): Sym { return this.node('LogSoftmax', [x], x.shape, x.dtype, { axis: -1 }); }
 
   /** table[indices] along `axis`. */
   gather(table: Sym, indices: Sym, axis: number): Sym {
+    if (axis < 0) axis += table.shape.length;
     const shape = [...table.shape.slice(0, axis), ...indices.shape, ...table.shape.slice(axis + 1)];
     return this.node('Gather', [table, indices], shape, table.dtype, { axis });
+  }
+
+  /** With one batch axis: result[b, n] is x[b, indices[b, n, 0]] (indices [B, N, 1]). */
+  gatherRows(x: Sym, indices: Sym): Sym {
+    return this.node('GatherND', [x, indices], [x.shape[0]!, ...indices.shape.slice(1, -1), ...x.shape.slice(2)], x.dtype, { batch_dims: 1 });
   }
 
   gatherElements(x: Sym, indices: Sym, axis: number): Sym {

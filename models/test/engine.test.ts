@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import {
   ADAM_DEFAULTS, baseWeightsFor, CheckpointLoadError, EnginePool, freshAdapter, LossInputError, LoraTrainer, parameters, probeDevice, resolveLossConfig,
-  sampleSequences, SAMPLING_DEFAULTS, zeroAdapter, type SamplingParams,
+  ModelEngine, sampleSequences, SAMPLING_DEFAULTS, zeroAdapter, type SamplingParams,
 } from '../index.js';
 import { datum, EVAL_TICKETS, prompt, TICKETS } from '../data/support-tickets.js';
 
@@ -90,6 +90,37 @@ describe('sampling', () => {
     expect(b).toEqual(a);
     expect(c.map((s) => s.tokens)).not.toEqual(a.map((s) => s.tokens));
     expect(new Set(a.map((s) => s.tokens.join())).size).toBeGreaterThan(1);
+  });
+
+  it('draws inside the graph by the inverse CDF of the distribution, in whole and padded blocks', async () => {
+    // 151669 = 329 × 461 cuts into whole blocks; 1009 is prime, so its last block is padded.
+    const prime = new ModelEngine('draw-check', 1009, { dims: { dModel: 16, heads: 2, ffn: 16, layers: 1 }, thread: 'inline' });
+    try {
+      for (const [e, adapter] of [[engine, perturbedTrainer(3).adapter], [prime, freshAdapter(prime.sites, 4, 8, 1)]] as const) {
+        const p = [5, 17, 300, 2];
+        const invT = 1 / 0.8;
+        const { probs, logprobs } = await e.decode([p], adapter, null, invT);
+        const us = Array.from({ length: 64 }, (_, i) => (i + 0.5) / 64);
+        const { drawn } = await e.decodeAndDraw(p, adapter, invT, us);
+        const cum = new Float64Array(probs.length + 1);
+        for (let v = 0; v < probs.length; v++) cum[v + 1] = cum[v]! + probs[v]!;
+        drawn.forEach(({ token, logprob }, i) => {
+          // The token's slice of the running sum holds u·total (to float32 rounding of the sums).
+          expect(cum[token]! - 1e-4).toBeLessThanOrEqual(us[i]! * cum[probs.length]!);
+          expect(cum[token + 1]! + 1e-4).toBeGreaterThanOrEqual(us[i]! * cum[probs.length]!);
+          expect(Math.abs(logprob - logprobs[token]!)).toBeLessThan(1e-5);
+        });
+        // Greedy: the most likely token, whatever the number of draws.
+        let best = 0;
+        for (let v = 1; v < logprobs.length; v++) if (logprobs[v]! > logprobs[best]!) best = v;
+        const greedyDraw = await e.decodeAndDraw(p, adapter, 1, [-1, -1]);
+        const { logprobs: unscaled } = await e.decode([p], adapter, null, 1);
+        expect(greedyDraw.drawn.map((d) => d.token)).toEqual([best, best]);
+        expect(greedyDraw.drawn[0]!.logprob).toBeCloseTo(unscaled[best]!, 5);
+      }
+    } finally {
+      await prime.close();
+    }
   });
 
   it('top_k = 1 and a tiny top_p both sample the greedy tokens', async () => {
