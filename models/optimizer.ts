@@ -34,8 +34,10 @@ export function adamwStep(params: Map<string, Float32Array>, grads: Map<string, 
   const c2 = 1 - hp.beta2 ** t;
   let updateSq = 0;
   let paramSq = 0;
+  // Hyperparameters read once: this loop runs over every LoRA parameter (millions with the unembedding).
+  const { beta1: b1, beta2: b2, eps, learning_rate: lr, weight_decay: wd } = hp;
   for (const [name, p] of params) {
-    const g = grads.get(name);
+    const g = grads.get(name) ?? new Float32Array(p.length);
     let m = state.m.get(name);
     let v = state.v.get(name);
     if (!m || !v) {
@@ -43,13 +45,14 @@ export function adamwStep(params: Map<string, Float32Array>, grads: Map<string, 
       state.v.set(name, (v = new Float32Array(p.length)));
     }
     for (let i = 0; i < p.length; i++) {
-      const gi = (g?.[i] ?? 0) * clipScale;
-      m[i] = hp.beta1 * m[i]! + (1 - hp.beta1) * gi;
-      v[i] = hp.beta2 * v[i]! + (1 - hp.beta2) * gi * gi;
-      const update = hp.learning_rate * ((m[i]! / c1) / (Math.sqrt(v[i]! / c2) + hp.eps) + hp.weight_decay * p[i]!);
-      p[i] = p[i]! - update;
+      const gi = g[i]! * clipScale;
+      // Rounded to float32 as stored, so the next line reads what the arrays hold.
+      const mi = (m[i] = Math.fround(b1 * m[i]! + (1 - b1) * gi));
+      const vi = (v[i] = Math.fround(b2 * v[i]! + (1 - b2) * gi * gi));
+      const update = lr * ((mi / c1) / (Math.sqrt(vi / c2) + eps) + wd * p[i]!);
+      const pi = (p[i] = Math.fround(p[i]! - update));
       updateSq += update * update;
-      paramSq += p[i]! * p[i]!;
+      paramSq += pi * pi;
     }
   }
   state.step = t;
