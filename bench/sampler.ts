@@ -12,10 +12,9 @@ export async function benchSampler(root: string): Promise<void> {
     const session = (await send('POST', '/v1/loops/sessions')).session.id;
     const run = (await send('POST', '/v1/loops/runs', { session_id: session, base_model: MODEL, lora_rank: 16 })).run;
     const sampler = new URL(run.sampler.base_url).pathname;
-    const body = { prompt: { chunks: [{ type: 'encoded_text', tokens: Array.from({ length: 32 }, (_, i) => 100 + i) }] }, num_samples: 1, sampling_params: { max_tokens: 16, temperature: 1, top_p: 0.95 } };
-    for (let i = 0; i < 3; i++) await send('POST', `${sampler}/sample`, body);
+    const bodyFor = (topP: number) => ({ prompt: { chunks: [{ type: 'encoded_text', tokens: Array.from({ length: 32 }, (_, i) => 100 + i) }] }, num_samples: 1, sampling_params: { max_tokens: 16, temperature: 1, top_p: topP } });
 
-    const measure = async (clients: number) => {
+    const measure = async (clients: number, body: unknown) => {
       const latencies: number[] = [];
       let tokens = 0;
       const end = performance.now() + DURATION_MS;
@@ -32,10 +31,17 @@ export async function benchSampler(root: string): Promise<void> {
       const q = (p: number) => latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))]!;
       return { rate: tokens / ((performance.now() - started) / 1000), p50: q(0.5), p99: q(0.99) };
     };
-    const one = await measure(1);
-    const eight = await measure(8);
-    console.log(`sampler: 16-token samples, 1 client: ${one.rate.toFixed(0)} tokens/s, latency p50 ${one.p50.toFixed(0)} ms, p99 ${one.p99.toFixed(0)} ms`);
-    console.log(`sampler: 8 concurrent clients: ${eight.rate.toFixed(0)} tokens/s (${(eight.rate / one.rate).toFixed(1)}x one client; target >= 3x), latency p50 ${eight.p50.toFixed(0)} ms, p99 ${eight.p99.toFixed(0)} ms`);
+    // First the SDK's default sampling (temperature 1, no top-p or top-k cut: what on-policy RL samples with,
+    // drawn inside the graph), then top_p 0.95 (the nucleus is cut in JavaScript from the whole distribution).
+    for (const [label, topP] of [['temperature 1', 1], ['temperature 1, top_p 0.95', 0.95]] as const) {
+      const body = bodyFor(topP);
+      for (let i = 0; i < 3; i++) await send('POST', `${sampler}/sample`, body);
+      const one = await measure(1, body);
+      const eight = await measure(8, body);
+      const target = topP === 1 ? '; target >= 3x' : '';
+      console.log(`sampler: 16-token samples (${label}), 1 client: ${one.rate.toFixed(0)} tokens/s, latency p50 ${one.p50.toFixed(0)} ms, p99 ${one.p99.toFixed(0)} ms`);
+      console.log(`sampler: 16-token samples (${label}), 8 concurrent clients: ${eight.rate.toFixed(0)} tokens/s (${(eight.rate / one.rate).toFixed(1)}x one client${target}), latency p50 ${eight.p50.toFixed(0)} ms, p99 ${eight.p99.toFixed(0)} ms`);
+    }
   } finally {
     client.close();
     server.stop();
