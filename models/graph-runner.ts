@@ -4,8 +4,8 @@ import { DeviceUnavailableError } from './device-error.js';
 import { ADAPTER_CACHE_SIZE, AdapterNotCachedError, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
 import { baseWeights, buildGraph, buildMergeGraph, type GraphKind } from './transformer.js';
 
-/** Decode runs of one adapter version before its unembedding is merged (see worthMerging). */
-const MERGE_AFTER_DECODE_RUNS = 64;
+/** Rows one adapter version decodes (rows × steps) before its unembedding is merged (see worthMerging). */
+const MERGE_AFTER_DECODED_ROWS = 64;
 
 /** Merged unembeddings kept for decoding (39 MB each at the Qwen vocabulary). */
 const MERGED_CACHE_SIZE = 3;
@@ -36,7 +36,7 @@ export class GraphRunner {
     // Decoding reads the whole unembedding every step: with LoRA merged into it once per adapter
     // version, a step is one product instead of two and a sum over [rows × vocab].
     const decode = req.kind === 'decode' || req.kind === 'draw' || req.kind === 'greedy';
-    const merge = decode && this.worthMerging(req.adapter);
+    const merge = decode && this.worthMerging(req.adapter, req.feeds.tokens!.dims[0]!);
     const session = await this.session(req.kind, req.merged || merge);
     const adapter = this.adapterTensors(req.adapter);
     const feeds: Record<string, ort.Tensor> = { ...this.baseFeeds, ...adapter };
@@ -66,21 +66,21 @@ export class GraphRunner {
     return tensor;
   }
 
-  /** Decode runs per adapter version so far, until its unembedding is merged. */
-  private readonly decodeRuns = new Map<string, { version: number; runs: number }>();
+  /** Rows decoded per adapter version so far, until its unembedding is merged. */
+  private readonly decodedRows = new Map<string, { version: number; rows: number }>();
 
   /**
    * Merging costs a few hundred milliseconds of copying (a vocabulary-sized weight) and saves a fraction of
-   * one per step, so an adapter version is merged only once it has decoded for a while: the short samples
-   * of a train-then-sample loop never pay for it, a long sampling phase does once.
+   * one per row and step, so an adapter version is merged only once it has decoded a while: the short
+   * samples of a train-then-sample loop never pay for it, a long or wide sampling phase does once.
    */
-  private worthMerging(a: RunRequest['adapter']): boolean {
+  private worthMerging(a: RunRequest['adapter'], batch: number): boolean {
     if (this.merged.get(a.id)?.version === a.version) return true;
-    const seen = this.decodeRuns.get(a.id);
-    const runs = seen?.version === a.version ? seen.runs + 1 : 1;
-    this.decodeRuns.set(a.id, { version: a.version, runs });
-    if (this.decodeRuns.size > ADAPTER_CACHE_SIZE) this.decodeRuns.delete(this.decodeRuns.keys().next().value!);
-    return runs > MERGE_AFTER_DECODE_RUNS;
+    const seen = this.decodedRows.get(a.id);
+    const rows = (seen?.version === a.version ? seen.rows : 0) + batch;
+    this.decodedRows.set(a.id, { version: a.version, rows });
+    if (this.decodedRows.size > ADAPTER_CACHE_SIZE) this.decodedRows.delete(this.decodedRows.keys().next().value!);
+    return rows > MERGE_AFTER_DECODED_ROWS;
   }
 
   private adapterTensors(a: RunRequest['adapter']): Record<string, ort.Tensor> {
