@@ -55,6 +55,14 @@ export interface DecodeRow {
   draw?: number;
 }
 
+/** A prompt after its prefill: the first tokens drawn in the graph (one per draw asked), or the distribution to choose from. */
+export interface SequenceStart {
+  drawn?: { token: number; logprob: number }[];
+  logprobs?: Float32Array;
+  probs?: Float32Array;
+  cache: RowCache;
+}
+
 /** One row after a decode step: the token drawn in the graph, or the distribution to choose from. */
 export interface RowStep {
   drawn?: { token: number; logprob: number };
@@ -203,43 +211,102 @@ export class ModelEngine {
    * each), and the grown cache.
    */
   async decode(tokens: number[][], adapter: LoraAdapter, state: DecodeState | null, invTemperature = 1): Promise<{ logprobs: Float32Array; probs: Float32Array; state: DecodeState }> {
-    const { result, state: grown } = await this.prefill(tokens, adapter, state, invTemperature, 'decode', null);
-    return { logprobs: result.logprobs!, probs: result.probs!, state: grown };
-  }
-
-  /**
-   * Like decode for one sequence, but the graph draws `draws.length` next
-   * tokens itself, one per uniform number (negative: the most likely token,
-   * for every draw), and only they and their logprobs come back.
-   */
-  async decodeAndDraw(tokens: number[], adapter: LoraAdapter, invTemperature: number, draws: number[]): Promise<{ drawn: { token: number; logprob: number }[]; state: DecodeState }> {
-    const greedy = draws[0]! < 0;
-    const { result, state } = await this.prefill([tokens], adapter, null, invTemperature, greedy ? 'greedy' : 'draw', greedy ? null : draws);
-    const ids = result.token as unknown as BigInt64Array;
-    const drawn = draws.map((_, i) => ({ token: Number(ids[greedy ? 0 : i]!), logprob: result.token_logprob![greedy ? 0 : i]! }));
-    return { drawn, state };
-  }
-
-  private async prefill(tokens: number[][], adapter: LoraAdapter, state: DecodeState | null, invTemperature: number, kind: 'decode' | 'draw' | 'greedy', draws: number[] | null): Promise<{ result: Record<string, Float32Array>; state: DecodeState }> {
     const B = tokens.length;
     const Tq = tokens[0]!.length;
     const P = state?.length ?? 0;
+    const feeds = this.promptFeeds(tokens, Array(B).fill(invTemperature), state);
+    const result = await this.run('decode', feeds, ['logprobs', 'probs', ...this.presentNames()], adapter);
+    return { logprobs: result.logprobs!, probs: result.probs!, state: { past: this.presentNames().map((n) => result[n]!), batch: B, length: P + Tq } };
+  }
+
+  /**
+   * Prefills one prompt and gives what its first tokens are chosen from:
+   * with `draws`, the graph draws `draws.length` tokens itself, one per
+   * uniform number (negative: the most likely token, for every draw), and
+   * only they and their logprobs come back; without, the whole next-token
+   * distribution. Prompts that arrive while the engine is busy are prefilled
+   * together in one graph run (rows of different lengths, padded and masked).
+   */
+  startSequence(tokens: number[], adapter: LoraAdapter, invTemperature: number, draws: number[] | null): Promise<SequenceStart> {
+    const kind = draws === null ? 'decode' : draws[0]! < 0 ? 'greedy' : 'draw';
+    return new Promise((resolve, reject) => {
+      this.pendingPrompts.push({ tokens, adapter, invTemperature, kind, draws, resolve, reject });
+      // Each prompt queues one turn; the first turn to come takes every prompt waiting by then.
+      const turn = this.queue.then(() => this.prefillWaiting());
+      this.queue = turn.catch(() => undefined);
+    });
+  }
+
+  private pendingPrompts: { tokens: number[]; adapter: LoraAdapter; invTemperature: number; kind: 'decode' | 'draw' | 'greedy'; draws: number[] | null; resolve: (r: SequenceStart) => void; reject: (e: Error) => void }[] = [];
+
+  private async prefillWaiting(): Promise<void> {
+    const head = this.pendingPrompts[0];
+    if (!head) return;
+    const keyOf = (p: typeof head) => `${p.adapter.id}:${p.adapter.version}:${p.kind}`;
+    const batch = this.pendingPrompts.filter((p) => keyOf(p) === keyOf(head)).slice(0, MAX_BATCH_REQUESTS);
+    this.pendingPrompts = this.pendingPrompts.filter((p) => !batch.includes(p));
+    try {
+      const B = batch.length;
+      const feeds = this.promptFeeds(batch.map((p) => p.tokens), batch.map((p) => p.invTemperature), null);
+      const N = Math.max(...batch.map((p) => p.draws?.length ?? 0));
+      if (head.kind === 'draw') feeds.u = feed('float32', Float32Array.from({ length: B * N }, (_, i) => batch[Math.floor(i / N)]!.draws![i % N] ?? 0.5), [B, N]);
+      const outputs = head.kind === 'decode' ? ['logprobs', 'probs'] : ['token', 'token_logprob'];
+      const result = await this.runNow(head.kind, feeds, [...outputs, ...this.presentNames()], head.adapter);
+      const T = feeds.tokens!.dims[1]!;
+      batch.forEach((p, b) => {
+        const cache = { past: this.presentNames().map((n) => this.rowCache(result[n]!, b, T, p.tokens.length)), length: p.tokens.length };
+        if (head.kind === 'decode') {
+          const { vocab } = this.dims;
+          p.resolve({ logprobs: result.logprobs!.subarray(b * vocab, (b + 1) * vocab), probs: result.probs!.subarray(b * vocab, (b + 1) * vocab), cache });
+          return;
+        }
+        const ids = result.token as unknown as BigInt64Array;
+        const width = head.kind === 'greedy' ? 1 : N;
+        const drawn = p.draws!.map((_, i) => {
+          const at = b * width + (head.kind === 'greedy' ? 0 : i);
+          return { token: Number(ids[at]!), logprob: result.token_logprob![at]! };
+        });
+        p.resolve({ drawn, cache });
+      });
+    } catch (err) {
+      for (const p of batch) p.reject(err as Error);
+    }
+  }
+
+  /** Row b's first `length` positions of a [B, heads, T, headDim] cache tensor. */
+  private rowCache(present: Float32Array, b: number, T: number, length: number): Float32Array {
     const { heads } = this.dims;
     const hd = this.headDim;
+    const out = new Float32Array(heads * length * hd);
+    for (let h = 0; h < heads; h++) out.set(present.subarray((b * heads + h) * T * hd, ((b * heads + h) * T + length) * hd), h * length * hd);
+    return out;
+  }
+
+  private presentNames(): string[] {
+    return Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat();
+  }
+
+  /** Feeds of the decode graphs for prompts (right-padded to the longest) after the cached positions of `state`. */
+  private promptFeeds(tokens: number[][], invTemperatures: number[], state: DecodeState | null): Record<string, Feed> {
+    const B = tokens.length;
+    const Tq = Math.max(...tokens.map((t) => t.length));
+    const P = state?.length ?? 0;
+    const { heads } = this.dims;
+    const hd = this.headDim;
+    const ids = new BigInt64Array(B * Tq);
+    tokens.forEach((row, b) => row.forEach((t, i) => { ids[b * Tq + i] = BigInt(t); }));
     const feeds: Record<string, Feed> = {
-      tokens: feed('int64', BigInt64Array.from(tokens.flat().map(BigInt)), [B, Tq]),
-      attn_bias: feed('float32', causalBias(B, Tq, P, Array(B).fill(P + Tq)), [B, 1, Tq, P + Tq]),
-      inv_temperature: feed('float32', new Float32Array(B).fill(invTemperature), [B, 1]),
+      tokens: feed('int64', ids, [B, Tq]),
+      attn_bias: feed('float32', causalBias(B, Tq, P, tokens.map((t) => P + t.length)), [B, 1, Tq, P + Tq]),
+      inv_temperature: feed('float32', Float32Array.from(invTemperatures), [B, 1]),
+      last_index: feed('int64', BigInt64Array.from(tokens, (t) => BigInt(t.length - 1)), [B, 1]),
       ...this.ropeFeeds(B, Tq, P),
     };
     for (let l = 0; l < this.dims.layers; l++) {
       feeds[`past_k.${l}`] = feed('float32', state?.past[2 * l] ?? new Float32Array(0), [B, heads, P, hd]);
       feeds[`past_v.${l}`] = feed('float32', state?.past[2 * l + 1] ?? new Float32Array(0), [B, heads, P, hd]);
     }
-    if (draws) feeds.u = feed('float32', Float32Array.from(draws), [B, draws.length]);
-    const presents = Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat();
-    const result = await this.run(kind, feeds, [...(kind === 'decode' ? ['logprobs', 'probs'] : ['token', 'token_logprob']), ...presents], adapter);
-    return { result, state: { past: presents.map((n) => result[n]!), batch: B, length: P + Tq } };
+    return feeds;
   }
 
   /**
@@ -305,6 +372,7 @@ export class ModelEngine {
       tokens: feed('int64', BigInt64Array.from(rows.map((r) => BigInt(r.token))), [B, 1]),
       attn_bias: feed('float32', bias, [B, 1, 1, P + 1]),
       inv_temperature: feed('float32', Float32Array.from(invTemperatures), [B, 1]),
+      last_index: feed('int64', new BigInt64Array(B), [B, 1]),
       ...this.ropeFeeds(B, 1, (b) => rows[b]!.cache.length),
     };
     const rowSize = heads * P * hd;
@@ -348,12 +416,15 @@ export class ModelEngine {
     // Many scored positions: merge LoRA into the unembedding weight first (see GraphOptions).
     const scored = feeds.targets?.dims.reduce((p, n) => p * n, 1) ?? 0;
     const merged = !DECODE_KINDS.includes(kind) && scored >= MERGE_FROM_POSITIONS;
-    const job = this.queue.then(async () => {
-      const result = await this.runner.run({ kind, merged, feeds, outputs, adapter: { id: adapter.id, version: adapter.version, feeds: this.loraFeeds(adapter) } });
-      return Object.fromEntries(outputs.map((n) => [n, result[n]!.data as Float32Array]));
-    });
+    const job = this.queue.then(() => this.runNow(kind, feeds, outputs, adapter, merged));
     this.queue = job.catch(() => undefined);
     return job;
+  }
+
+  /** Runs a graph now: only from a turn already taken in the engine's queue. */
+  private async runNow(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[], adapter: LoraAdapter, merged = false): Promise<Record<string, Float32Array>> {
+    const result = await this.runner.run({ kind, merged, feeds, outputs, adapter: { id: adapter.id, version: adapter.version, feeds: this.loraFeeds(adapter) } });
+    return Object.fromEntries(outputs.map((n) => [n, result[n]!.data as Float32Array]));
   }
 
   /** Splits sequences into runs of at most maxPositions padded positions. */

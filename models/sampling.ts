@@ -48,14 +48,11 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
   // in the same order as chooseToken takes them, so a seed still fixes the tokens.
   const drawInGraph = params.temperature === 0 || (params.top_p >= 1 && !(params.top_k > 0 && params.top_k < engine.dims.vocab));
   const drawOf = () => (drawInGraph ? { draw: params.temperature === 0 ? -1 : rng.next() } : {});
-  const first = drawInGraph
-    ? await engine.decodeAndDraw(prompt, adapter, invT, seqs.map(() => drawOf().draw!))
-    : await engine.decode([prompt], adapter, null, invT);
+  const first = await engine.startSequence(prompt, adapter, invT, drawInGraph ? seqs.map(() => drawOf().draw!) : null);
   // Every sample starts from the prompt's cache; unfinished rows then step together, batched with other requests'.
   const close = engine.openStream();
   try {
-  const cache = { past: first.state.past, length: first.state.length };
-  let rows: { i: number; step: RowStep }[] = seqs.map((_, i) => ({ i, step: 'drawn' in first ? { drawn: first.drawn[i], cache } : { logprobs: first.logprobs, probs: first.probs, cache } }));
+  let rows: { i: number; step: RowStep }[] = seqs.map((_, i) => ({ i, step: first.drawn ? { drawn: first.drawn[i], cache: first.cache } : { logprobs: first.logprobs, probs: first.probs, cache: first.cache } }));
   for (let step = 0; step < params.max_tokens && rows.length; step++) {
     const next: { i: number; token: number; cache: RowCache }[] = [];
     for (const { i, step: out } of rows) {

@@ -167,7 +167,8 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
     // request's temperature) are computed here, so the sampler makes no pass over the vocabulary with exp.
     // The temperature scales the last hidden state rather than the logits: the same product, one pass over
     // [rows × vocab] fewer.
-    const last = g.mul(g.gather(final, g.constI([-1], []), 1), g.input('inv_temperature', 'float32', ['B', 1]));
+    // Each row's last real position (prompts of different lengths share a run, right-padded).
+    const last = g.mul(g.gatherRows(final, g.input('last_index', 'int64', ['B', 1])), g.input('inv_temperature', 'float32', ['B', 1]));
     // With a merged unembedding the caller feeds W + scale·A·B, built once per adapter version (mergeGraph).
     const logits = options.mergedUnembedding ? g.matmul(last, g.input('lm_head_merged', 'float32', [d, dims.vocab])) : proj(last, 'lm_head', W('embed_t'));
     if (kind === 'draw' || kind === 'greedy') {

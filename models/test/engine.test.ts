@@ -1,7 +1,7 @@
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import {
   ADAM_DEFAULTS, baseWeightsFor, CheckpointLoadError, EnginePool, freshAdapter, LossInputError, LoraTrainer, parameters, probeDevice, resolveLossConfig,
-  ModelEngine, sampleSequences, SAMPLING_DEFAULTS, zeroAdapter, type SamplingParams,
+  ModelEngine, sampleSequences, SAMPLING_DEFAULTS, zeroAdapter, type SamplingParams, type SequenceStart,
 } from '../index.js';
 import { datum, EVAL_TICKETS, prompt, TICKETS } from '../data/support-tickets.js';
 
@@ -105,7 +105,7 @@ describe('sampling', () => {
         const invT = 1 / 0.8;
         const { probs, logprobs } = await e.decode([p], adapter, null, invT);
         const us = Array.from({ length: 64 }, (_, i) => (i + 0.5) / 64);
-        const { drawn } = await e.decodeAndDraw(p, adapter, invT, us);
+        const drawn = (await e.startSequence(p, adapter, invT, us)).drawn!;
         const cum = new Float64Array(probs.length + 1);
         for (let v = 0; v < probs.length; v++) cum[v + 1] = cum[v]! + probs[v]!;
         drawn.forEach(({ token, logprob }, i) => {
@@ -117,13 +117,44 @@ describe('sampling', () => {
         // Greedy: the most likely token, whatever the number of draws.
         let best = 0;
         for (let v = 1; v < logprobs.length; v++) if (logprobs[v]! > logprobs[best]!) best = v;
-        const greedyDraw = await e.decodeAndDraw(p, adapter, 1, [-1, -1]);
+        const greedyDraw = await e.startSequence(p, adapter, 1, [-1, -1]);
         const { logprobs: unscaled } = await e.decode([p], adapter, null, 1);
-        expect(greedyDraw.drawn.map((d) => d.token)).toEqual([best, best]);
-        expect(greedyDraw.drawn[0]!.logprob).toBeCloseTo(unscaled[best]!, 5);
+        expect(greedyDraw.drawn!.map((d) => d.token)).toEqual([best, best]);
+        expect(greedyDraw.drawn![0]!.logprob).toBeCloseTo(unscaled[best]!, 5);
       }
     } finally {
       await prime.close();
+    }
+  });
+
+  it('prefills prompts of different lengths that arrive together in one graph run, as if each ran alone', async () => {
+    const adapter = perturbedTrainer(6).adapter;
+    const prompts = [[5, 17, 300, 2], [9, 8, 7, 6, 5, 4, 3, 2, 1], [1000, 2000, 3000, 4000, 5000, 6000]];
+    const draws = [[0.1, 0.7], [0.5], [0.9, 0.2, 0.4]];
+    for (const mode of ['draw', 'greedy', 'distribution'] as const) {
+      const args = (i: number) => (mode === 'draw' ? draws[i]! : mode === 'greedy' ? [-1] : null);
+      const alone: SequenceStart[] = [];
+      for (let i = 0; i < prompts.length; i++) alone.push(await engine.startSequence(prompts[i]!, adapter, 1.25, args(i)));
+      const runs = vi.spyOn((engine as unknown as { runner: { run: () => unknown } }).runner, 'run');
+      const together = await Promise.all(prompts.map((p, i) => engine.startSequence(p, adapter, 1.25, args(i))));
+      expect(runs).toHaveBeenCalledTimes(1);
+      runs.mockRestore();
+      together.forEach((t, i) => {
+        const a = alone[i]!;
+        expect(t.cache.length).toBe(prompts[i]!.length);
+        t.cache.past.forEach((layer, l) => {
+          expect(layer.length).toBe(a.cache.past[l]!.length);
+          layer.forEach((x, k) => expect(Math.abs(x - a.cache.past[l]![k]!)).toBeLessThan(1e-5));
+        });
+        if (mode === 'distribution') {
+          let worst = 0;
+          t.logprobs!.forEach((x, v) => { worst = Math.max(worst, Math.abs(x - a.logprobs![v]!)); });
+          expect(worst).toBeLessThan(1e-4);
+        } else {
+          expect(t.drawn!.map((d) => d.token)).toEqual(a.drawn!.map((d) => d.token));
+          t.drawn!.forEach((d, k) => expect(Math.abs(d.logprob - a.drawn![k]!.logprob)).toBeLessThan(1e-5));
+        }
+      });
     }
   });
 
