@@ -13,6 +13,8 @@ export interface EngineOptions {
   device?: Device;
   /** Threads for one graph run (default: every core). */
   threads?: number;
+  /** Rows an adapter version decodes in batches before its unembedding is packed into a session of its own (see GraphRunner.packedSession). */
+  packAfterBatchedRows?: number;
   /** Largest number of (padded) positions in one graph run; longer batches are split. Bounds memory: the logits of one run are positions × vocab floats. */
   maxPositionsPerRun?: number;
   /** Model width etc.; tests use smaller ones. */
@@ -120,7 +122,7 @@ export class ModelEngine {
     this.sites = loraSites(this.dims);
     this.headDim = this.dims.dModel / this.dims.heads;
     this.maxPositions = options.maxPositionsPerRun ?? 512;
-    const config = { modelName, dims: this.dims, device: options.device ?? 'cpu', threads: options.threads };
+    const config = { modelName, dims: this.dims, device: options.device ?? 'cpu', threads: options.threads, packAfterBatchedRows: options.packAfterBatchedRows };
     // onnxruntime is loaded only where graphs run: in the worker, or here on first use when inline.
     this.runner = options.thread === 'inline' ? new InlineRunner(config) : new WorkerRunner(config);
   }

@@ -7,6 +7,15 @@ import { baseWeights, buildGraph, buildMergeGraph, type GraphKind } from './tran
 /** Rows one adapter version decodes (rows × steps) before its unembedding is merged (see worthMerging). */
 const MERGE_AFTER_DECODED_ROWS = 64;
 
+/**
+ * Rows one adapter version decodes in batches before it gets a session with its unembedding packed in (see
+ * packedSession): about what the unpacked batches have cost extra by then (~0.13 ms a row) matches the half
+ * second the packing costs once, so a short phase never pays for it and a long one pays at most twice.
+ */
+const PACK_AFTER_BATCHED_ROWS = 4096;
+/** Packed sessions kept: each holds about twice the unembedding (78 MB at the Qwen vocabulary). */
+const PACKED_CACHE_SIZE = 2;
+
 /** Merged unembeddings kept for decoding (39 MB each at the Qwen vocabulary). */
 const MERGED_CACHE_SIZE = 3;
 
@@ -36,11 +45,13 @@ export class GraphRunner {
     // Decoding reads the whole unembedding every step: with LoRA merged into it once per adapter
     // version, a step is one product instead of two and a sum over [rows × vocab].
     const decode = req.kind === 'decode' || req.kind === 'draw' || req.kind === 'greedy';
-    const merge = decode && this.worthMerging(req.adapter, req.feeds.tokens!.dims[0]!);
-    const session = await this.session(req.kind, req.merged || merge);
+    const rows = req.feeds.tokens!.dims[0]!;
+    const merge = decode && this.worthMerging(req.adapter, rows);
     const adapter = this.adapterTensors(req.adapter);
+    const packed = merge ? await this.packedSession(req.kind, req.adapter, adapter, rows) : null;
+    const session = packed ?? await this.session(req.kind, req.merged || merge);
     const feeds: Record<string, ort.Tensor> = { ...this.baseFeeds, ...adapter };
-    if (merge) feeds.lm_head_merged = await this.mergedUnembedding(req.adapter, adapter);
+    if (merge && !packed) feeds.lm_head_merged = await this.mergedUnembedding(req.adapter, adapter);
     for (const [name, f] of Object.entries(req.feeds)) feeds[name] = new ort.Tensor(f.type, f.data, f.dims);
     const result = await session.run(feeds, req.outputs);
     return Object.fromEntries(req.outputs.map((n) => {
@@ -83,6 +94,43 @@ export class GraphRunner {
     return rows > MERGE_AFTER_DECODED_ROWS;
   }
 
+  /** Sessions with one adapter version's merged unembedding built in as a constant, by `id:version:kind`. */
+  private readonly packed = new Map<string, Promise<ort.InferenceSession | null>>();
+  /** Rows decoded in batches of two or more per adapter version (`id:version`), until it gets a packed session. */
+  private readonly batchedRows = new Map<string, number>();
+
+  /**
+   * onnxruntime re-packs the right operand of every matrix product of two
+   * rows or more; in a decode step that operand is the whole merged
+   * unembedding (39 MB at the Qwen vocabulary), about 2.5 ms of a 4 to 5 ms
+   * 8-row step. As a constant of the graph it is packed once, when the
+   * session is created: that takes about half a second (and this thread),
+   * so only an adapter version that keeps decoding in batches gets one.
+   */
+  private async packedSession(kind: GraphKind, a: RunRequest['adapter'], tensors: Record<string, ort.Tensor>, rows: number): Promise<ort.InferenceSession | null> {
+    const key = `${a.id}:${a.version}:${kind}`;
+    const found = this.packed.get(key);
+    if (found) {
+      this.packed.delete(key);
+      this.packed.set(key, found);
+      return found;
+    }
+    if (rows < 2 || this.config.device === 'cuda') return null;
+    const version = `${a.id}:${a.version}`;
+    const batched = (this.batchedRows.get(version) ?? 0) + rows;
+    this.batchedRows.delete(version);
+    this.batchedRows.set(version, batched);
+    while (this.batchedRows.size > ADAPTER_CACHE_SIZE) this.batchedRows.delete(this.batchedRows.keys().next().value!);
+    if (batched < (this.config.packAfterBatchedRows ?? PACK_AFTER_BATCHED_ROWS)) return null;
+    const weight = (await this.mergedUnembedding(a, tensors)).data as Float32Array;
+    const { onnx } = buildGraph(kind, this.config.dims, { mergedUnembedding: true, packedUnembedding: weight });
+    // A session that fails to build (memory) only costs the speed-up: the run goes on with the weight as an input.
+    const session = ort.InferenceSession.create(onnx, this.sessionOptions(false)).catch(() => null);
+    this.packed.set(key, session);
+    while (this.packed.size > PACKED_CACHE_SIZE) this.packed.delete(this.packed.keys().next().value!);
+    return session;
+  }
+
   private adapterTensors(a: RunRequest['adapter']): Record<string, ort.Tensor> {
     const cached = this.adapters.get(a.id);
     if (!a.feeds) {
@@ -98,6 +146,17 @@ export class GraphRunner {
     return tensors;
   }
 
+  private sessionOptions(cuda: boolean): ort.InferenceSession.SessionOptions {
+    return {
+      executionProviders: [cuda ? 'cuda' : 'cpu'],
+      intraOpNumThreads: this.config.threads ?? availableParallelism(),
+      interOpNumThreads: 1,
+      executionMode: 'sequential',
+      graphOptimizationLevel: 'all',
+      ...(cuda ? { logSeverityLevel: 4 as const } : {}),
+    };
+  }
+
   async warm(kind: GraphKind): Promise<void> {
     await this.session(kind, false);
   }
@@ -108,14 +167,7 @@ export class GraphRunner {
     if (!s) {
       const { onnx } = buildGraph(kind, this.config.dims, { mergedUnembedding: merged });
       const cuda = this.config.device === 'cuda';
-      s = ort.InferenceSession.create(onnx, {
-        executionProviders: [cuda ? 'cuda' : 'cpu'],
-        intraOpNumThreads: this.config.threads ?? availableParallelism(),
-        interOpNumThreads: 1,
-        executionMode: 'sequential',
-        graphOptimizationLevel: 'all',
-        ...(cuda ? { logSeverityLevel: 4 as const } : {}),
-      }).catch((err: unknown) => {
+      s = ort.InferenceSession.create(onnx, this.sessionOptions(cuda)).catch((err: unknown) => {
         this.sessions.delete(key);
         throw cuda ? new DeviceUnavailableError(err) : err;
       });

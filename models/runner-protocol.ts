@@ -13,6 +13,7 @@ export interface RunnerConfig {
   dims: ModelDims;
   device: 'cpu' | 'cuda';
   threads?: number;
+  packAfterBatchedRows?: number;
 }
 
 export interface RunRequest {

@@ -93,6 +93,8 @@ export interface GraphOptions {
    * [positions × vocab] for many positions, more work for few (the [d × vocab] sum). The engine picks per run.
    */
   mergedUnembedding?: boolean;
+  /** Decode graphs: the merged unembedding as a constant of the graph ([d, vocab]), which onnxruntime packs once. */
+  packedUnembedding?: Float32Array;
 }
 
 export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptions = {}): BuiltGraph {
@@ -170,7 +172,8 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
     // Each row's last real position (prompts of different lengths share a run, right-padded).
     const last = g.mul(g.gatherRows(final, g.input('last_index', 'int64', ['B', 1])), g.input('inv_temperature', 'float32', ['B', 1]));
     // With a merged unembedding the caller feeds W + scale·A·B, built once per adapter version (mergeGraph).
-    const logits = options.mergedUnembedding ? g.matmul(last, g.input('lm_head_merged', 'float32', [d, dims.vocab])) : proj(last, 'lm_head', W('embed_t'));
+    const logits = options.packedUnembedding ? g.matmul(last, g.constF(options.packedUnembedding, [d, dims.vocab]))
+      : options.mergedUnembedding ? g.matmul(last, g.input('lm_head_merged', 'float32', [d, dims.vocab])) : proj(last, 'lm_head', W('embed_t'));
     if (kind === 'draw' || kind === 'greedy') {
       const { token, logprob } = kind === 'draw' ? drawTokens(g, logits, g.input('u', 'float32', ['B', 'N']), dims.vocab) : mostLikely(g, logits);
       g.output(token, 'token');

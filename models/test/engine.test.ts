@@ -158,6 +158,30 @@ describe('sampling', () => {
     }
   });
 
+  it('packs the unembedding of an adapter version that keeps decoding in batches into its own session, drawing the same tokens', async () => {
+    const small = new ModelEngine('pack-check', 1009, { dims: { dModel: 16, heads: 2, ffn: 16, layers: 1 }, thread: 'inline', packAfterBatchedRows: 8 });
+    try {
+      const adapter = freshAdapter(small.sites, 4, 8, 2);
+      for (const t of adapter.tensors.values()) for (let i = 0; i < t.B.length; i++) t.B[i] = Math.cos(i * 0.61) * 0.05;
+      const { cache } = await small.startSequence([5, 17, 300, 2], adapter, 1, null);
+      const step = () => small.decodeRows([0.2, 0.8, 0.5].map((draw) => ({ token: 7, cache, draw })), adapter, 1.1);
+      // Internals, read only: how many packed sessions the graph runner holds.
+      const packedSessions = async () => (await (small as unknown as { runner: { get(): Promise<{ packed: Map<string, unknown> }> } }).runner.get()).packed.size;
+      const first = await step();
+      // 3 rows a step: merged from the 22nd step on (past 64 rows with the prefill's), packed once 8 rows
+      // more have been decoded merged, at the 24th.
+      for (let i = 0; i < 22; i++) await step();
+      expect(await packedSessions()).toBe(0);
+      await step();
+      expect(await packedSessions()).toBe(1);
+      const packed = await step();
+      expect(packed.map((r) => r.drawn!.token)).toEqual(first.map((r) => r.drawn!.token));
+      packed.forEach((r, i) => expect(Math.abs(r.drawn!.logprob - first[i]!.drawn!.logprob)).toBeLessThan(1e-5));
+    } finally {
+      await small.close();
+    }
+  });
+
   it('top_k = 1 and a tiny top_p both sample the greedy tokens', async () => {
     const adapter = perturbedTrainer(5).adapter;
     const p = tok.encode('The quick brown fox');
