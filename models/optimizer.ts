@@ -36,6 +36,8 @@ export function adamwStep(params: Map<string, Float32Array>, grads: Map<string, 
   let paramSq = 0;
   // Hyperparameters read once: this loop runs over every LoRA parameter (millions with the unembedding).
   const { beta1: b1, beta2: b2, eps, learning_rate: lr, weight_decay: wd } = hp;
+  const rest1 = 1 - b1;
+  const rest2 = 1 - b2;
   for (const [name, p] of params) {
     const g = grads.get(name) ?? new Float32Array(p.length);
     let m = state.m.get(name);
@@ -47,8 +49,8 @@ export function adamwStep(params: Map<string, Float32Array>, grads: Map<string, 
     for (let i = 0; i < p.length; i++) {
       const gi = g[i]! * clipScale;
       // Rounded to float32 as stored, so the next line reads what the arrays hold.
-      const mi = (m[i] = Math.fround(b1 * m[i]! + (1 - b1) * gi));
-      const vi = (v[i] = Math.fround(b2 * v[i]! + (1 - b2) * gi * gi));
+      const mi = (m[i] = Math.fround(b1 * m[i]! + rest1 * gi));
+      const vi = (v[i] = Math.fround(b2 * v[i]! + rest2 * gi * gi));
       const update = lr * ((mi / c1) / (Math.sqrt(vi / c2) + eps) + wd * p[i]!);
       const pi = (p[i] = Math.fround(p[i]! - update));
       updateSq += update * update;

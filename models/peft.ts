@@ -24,7 +24,12 @@ export function peftModuleName(site: LoraSite): string {
 
 function transpose(data: Float32Array, rows: number, cols: number): Float32Array {
   const out = new Float32Array(data.length);
-  for (let i = 0; i < rows; i++) for (let j = 0; j < cols; j++) out[j * rows + i] = data[i * cols + j]!;
+  // In blocks of columns, so that the output rows being written stay in cache (lm_head's B is rank × 151k).
+  const BLOCK = 256;
+  for (let j0 = 0; j0 < cols; j0 += BLOCK) {
+    const j1 = Math.min(cols, j0 + BLOCK);
+    for (let i = 0; i < rows; i++) for (let j = j0; j < j1; j++) out[j * rows + i] = data[i * cols + j]!;
+  }
   return out;
 }
 
@@ -60,12 +65,16 @@ export function adapterFiles(adapter: LoraAdapter, sites: LoraSite[], baseModel:
 
 /** Adapter files plus the optimizer moments and step. */
 export function stateFiles(adapter: LoraAdapter, optimizer: OptimizerState, sites: LoraSite[], baseModel: string): CheckpointFile[] {
+  return [...adapterFiles(adapter, sites, baseModel), ...optimizerFiles(adapter, optimizer, baseModel)];
+}
+
+/** The optimizer moments and step: what a trainer checkpoint holds beside the adapter files. */
+export function optimizerFiles(adapter: LoraAdapter, optimizer: OptimizerState, baseModel: string): CheckpointFile[] {
   const moments = new Map<string, NamedTensor>();
   for (const [name, m] of optimizer.m) moments.set(`${name}.exp_avg`, { shape: [m.length], data: m });
   for (const [name, v] of optimizer.v) moments.set(`${name}.exp_avg_sq`, { shape: [v.length], data: v });
   const state = { format: STATE_FORMAT, base_model: baseModel, lora_rank: adapter.rank, lora_alpha: adapter.alpha, step: optimizer.step };
   return [
-    ...adapterFiles(adapter, sites, baseModel),
     { relative_file_name: 'optimizer.safetensors', data: encodeSafetensors(moments) },
     { relative_file_name: 'trainer_state.json', data: Buffer.from(JSON.stringify(state, null, 2)) },
   ];

@@ -2,7 +2,7 @@ import type { ModelEngine, ScoredSequence } from './engine.js';
 import { computeLoss, cotangentsNeedLogprobs, isRatioLoss, LossInputError, type LossDatum, type LossName, type Reduction } from './losses.js';
 import { cloneAdapter, DEFAULT_LORA_ALPHA, freshAdapter, parameters, touchAdapter, type LoraAdapter } from './lora.js';
 import { adamwStep, freshOptimizerState, type AdamParams, type OptimizerState } from './optimizer.js';
-import { adapterFiles, CheckpointLoadError, readAdapter, readOptimizer, stateFiles, type CheckpointFile } from './peft.js';
+import { adapterFiles, CheckpointLoadError, optimizerFiles, readAdapter, readOptimizer, type CheckpointFile } from './peft.js';
 
 /** One training example, as the wire's Datum carries it. */
 export interface TrainingDatum {
@@ -99,11 +99,22 @@ export class LoraTrainer {
   }
 
   samplerFiles(): CheckpointFile[] {
-    return adapterFiles(this.adapter, this.engine.sites, this.engine.modelName);
+    return this.currentAdapterFiles();
   }
 
   stateFiles(): CheckpointFile[] {
-    return stateFiles(this.adapter, this.optimizer, this.engine.sites, this.engine.modelName);
+    return [...this.currentAdapterFiles(), ...optimizerFiles(this.adapter, this.optimizer, this.engine.modelName)];
+  }
+
+  /** The adapter files of the current weights, made once per version: a save usually writes a trainer and a sampler checkpoint of the same step. */
+  private adapterFilesCache: { id: string; version: number; files: CheckpointFile[] } | null = null;
+
+  private currentAdapterFiles(): CheckpointFile[] {
+    const { id, version } = this.adapter;
+    if (this.adapterFilesCache?.id !== id || this.adapterFilesCache.version !== version) {
+      this.adapterFilesCache = { id, version, files: adapterFiles(this.adapter, this.engine.sites, this.engine.modelName) };
+    }
+    return this.adapterFilesCache.files;
   }
 
   /** Restores adapter weights (and, with `withOptimizer`, moments and step) from checkpoint files. */
