@@ -2,7 +2,7 @@ import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import type { GraphRunner } from './graph-runner.js';
 import { ADAPTER_CACHE_SIZE, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
-import { DEFAULT_DIMS, loraSites, ROPE_BASE, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
+import { DECODE_KINDS, DEFAULT_DIMS, loraSites, ROPE_BASE, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
 
 export { DeviceUnavailableError } from './device-error.js';
 import type { LoraAdapter } from './lora.js';
@@ -112,6 +112,8 @@ export class ModelEngine {
   private readonly runner: Runner;
   private readonly maxPositions: number;
   private readonly headDim: number;
+  /** The decode graphs' cache outputs, per layer k then v. */
+  private readonly presents: string[];
   /** Graph runs of one engine are serialised: onnxruntime sessions already use every core. */
   private queue: Promise<unknown> = Promise.resolve();
   private pendingRows: { rows: DecodeRow[]; adapter: LoraAdapter; invTemperature: number; resolve: (s: RowStep[]) => void; reject: (e: Error) => void }[] = [];
@@ -121,6 +123,7 @@ export class ModelEngine {
     this.dims = { vocab, ...DEFAULT_DIMS, ...options.dims };
     this.sites = loraSites(this.dims);
     this.headDim = this.dims.dModel / this.dims.heads;
+    this.presents = Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat();
     this.maxPositions = options.maxPositionsPerRun ?? 512;
     const config = { modelName, dims: this.dims, device: options.device ?? 'cpu', threads: options.threads, packAfterBatchedRows: options.packAfterBatchedRows };
     // onnxruntime is loaded only where graphs run: in the worker, or here on first use when inline.
@@ -217,8 +220,8 @@ export class ModelEngine {
     const Tq = tokens[0]!.length;
     const P = state?.length ?? 0;
     const feeds = this.promptFeeds(tokens, Array(B).fill(invTemperature), state);
-    const result = await this.run('decode', feeds, ['logprobs', 'probs', ...this.presentNames()], adapter);
-    return { logprobs: result.logprobs!, probs: result.probs!, state: { past: this.presentNames().map((n) => result[n]!), batch: B, length: P + Tq } };
+    const result = await this.run('decode', feeds, ['logprobs', 'probs', ...this.presents], adapter);
+    return { logprobs: result.logprobs!, probs: result.probs!, state: { past: this.presents.map((n) => result[n]!), batch: B, length: P + Tq } };
   }
 
   /**
@@ -244,8 +247,8 @@ export class ModelEngine {
   private async prefillWaiting(): Promise<void> {
     const head = this.pendingPrompts[0];
     if (!head) return;
-    const keyOf = (p: typeof head) => `${p.adapter.id}:${p.adapter.version}:${p.kind}`;
-    const batch = this.pendingPrompts.filter((p) => keyOf(p) === keyOf(head)).slice(0, MAX_BATCH_REQUESTS);
+    const key = batchKey(head.adapter, head.kind);
+    const batch = this.pendingPrompts.filter((p) => batchKey(p.adapter, p.kind) === key).slice(0, MAX_BATCH_REQUESTS);
     this.pendingPrompts = this.pendingPrompts.filter((p) => !batch.includes(p));
     try {
       const B = batch.length;
@@ -253,10 +256,10 @@ export class ModelEngine {
       const N = Math.max(...batch.map((p) => p.draws?.length ?? 0));
       if (head.kind === 'draw') feeds.u = feed('float32', Float32Array.from({ length: B * N }, (_, i) => batch[Math.floor(i / N)]!.draws![i % N] ?? 0.5), [B, N]);
       const outputs = head.kind === 'decode' ? ['logprobs', 'probs'] : ['token', 'token_logprob'];
-      const result = await this.runNow(head.kind, feeds, [...outputs, ...this.presentNames()], head.adapter);
+      const result = await this.runNow(head.kind, feeds, [...outputs, ...this.presents], head.adapter);
       const T = feeds.tokens!.dims[1]!;
       batch.forEach((p, b) => {
-        const cache = { past: this.presentNames().map((n) => this.rowCache(result[n]!, b, T, p.tokens.length)), length: p.tokens.length };
+        const cache = { past: this.presents.map((n) => this.rowCache(result[n]!, b, T, p.tokens.length)), length: p.tokens.length };
         if (head.kind === 'decode') {
           const { vocab } = this.dims;
           p.resolve({ logprobs: result.logprobs!.subarray(b * vocab, (b + 1) * vocab), probs: result.probs!.subarray(b * vocab, (b + 1) * vocab), cache });
@@ -284,9 +287,6 @@ export class ModelEngine {
     return out;
   }
 
-  private presentNames(): string[] {
-    return Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat();
-  }
 
   /** Feeds of the decode graphs for prompts (right-padded to the longest) after the cached positions of `state`. */
   private promptFeeds(tokens: number[][], invTemperatures: number[], state: DecodeState | null): Record<string, Feed> {
@@ -344,10 +344,9 @@ export class ModelEngine {
       for (let waited = 0; this.pendingRows.length < this.streams && waited < BATCH_WAIT_MS; waited++) await new Promise((r) => setTimeout(r, 1));
       // One graph run serves one adapter version, and rows drawn in the graph never share a run with rows
       // that want the whole distribution (different graphs).
-      const keyOf = (p: { rows: DecodeRow[]; adapter: LoraAdapter }) => `${p.adapter.id}:${p.adapter.version}:${stepKind(p.rows[0]!)}`;
       const head = this.pendingRows[0]!;
-      const key = keyOf(head);
-      const batch = this.pendingRows.filter((p) => keyOf(p) === key).slice(0, MAX_BATCH_REQUESTS);
+      const key = batchKey(head.adapter, stepKind(head.rows[0]!));
+      const batch = this.pendingRows.filter((p) => batchKey(p.adapter, stepKind(p.rows[0]!)) === key).slice(0, MAX_BATCH_REQUESTS);
       this.pendingRows = this.pendingRows.filter((p) => !batch.includes(p));
       try {
         const steps = await this.stepRows(batch.flatMap((p) => p.rows), batch.flatMap((p) => p.rows.map(() => p.invTemperature)), head.adapter);
@@ -387,7 +386,7 @@ export class ModelEngine {
       });
       feeds[`${i % 2 === 0 ? 'past_k' : 'past_v'}.${Math.floor(i / 2)}`] = feed('float32', past, [B, heads, P, hd]);
     }
-    const presents = Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat();
+    const presents = this.presents;
     const kind = stepKind(rows[0]!);
     if (kind === 'draw') feeds.u = feed('float32', Float32Array.from(rows, (r) => r.draw!), [B, 1]);
     const drawn = kind !== 'decode';
@@ -631,8 +630,10 @@ class WorkerRunner implements Runner {
   }
 }
 
-/** The decode graphs: the whole next-token distribution out, or the next token drawn or chosen inside. */
-const DECODE_KINDS: GraphKind[] = ['decode', 'draw', 'greedy'];
+/** Requests that may share one graph run: the same adapter version and the same decode graph. */
+function batchKey(adapter: LoraAdapter, kind: GraphKind): string {
+  return `${adapter.id}:${adapter.version}:${kind}`;
+}
 
 /** Which decode graph serves a row: every row of one graph run shares it. */
 function stepKind(row: DecodeRow): 'decode' | 'draw' | 'greedy' {

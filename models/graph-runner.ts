@@ -2,7 +2,7 @@ import { availableParallelism } from 'node:os';
 import * as ort from 'onnxruntime-node';
 import { DeviceUnavailableError } from './device-error.js';
 import { ADAPTER_CACHE_SIZE, AdapterNotCachedError, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
-import { baseWeights, buildGraph, buildMergeGraph, type GraphKind } from './transformer.js';
+import { baseWeights, buildGraph, buildMergeGraph, DECODE_KINDS, type GraphKind } from './transformer.js';
 
 /** Rows one adapter version decodes (rows × steps) before its unembedding is merged (see worthMerging). */
 const MERGE_AFTER_DECODED_ROWS = 64;
@@ -44,7 +44,7 @@ export class GraphRunner {
   async run(req: RunRequest): Promise<Record<string, Feed>> {
     // Decoding reads the whole unembedding every step: with LoRA merged into it once per adapter
     // version, a step is one product instead of two and a sum over [rows × vocab].
-    const decode = req.kind === 'decode' || req.kind === 'draw' || req.kind === 'greedy';
+    const decode = DECODE_KINDS.includes(req.kind);
     const rows = req.feeds.tokens!.dims[0]!;
     const merge = decode && this.worthMerging(req.adapter, rows);
     const adapter = this.adapterTensors(req.adapter);
@@ -77,8 +77,20 @@ export class GraphRunner {
     return tensor;
   }
 
-  /** Rows decoded per adapter version so far, until its unembedding is merged. */
-  private readonly decodedRows = new Map<string, { version: number; rows: number }>();
+  /**
+   * Per adapter (its current version): rows decoded, until its unembedding is merged, and rows decoded merged
+   * in runs of two or more, until it gets a packed session.
+   */
+  private readonly decodeUse = new Map<string, { version: number; rows: number; batched: number }>();
+
+  private useOf(a: RunRequest['adapter']): { version: number; rows: number; batched: number } {
+    let use = this.decodeUse.get(a.id);
+    if (use?.version !== a.version) use = { version: a.version, rows: 0, batched: 0 };
+    this.decodeUse.delete(a.id);
+    this.decodeUse.set(a.id, use);
+    while (this.decodeUse.size > ADAPTER_CACHE_SIZE) this.decodeUse.delete(this.decodeUse.keys().next().value!);
+    return use;
+  }
 
   /**
    * Merging costs a few hundred milliseconds of copying (a vocabulary-sized weight) and saves a fraction of
@@ -87,17 +99,13 @@ export class GraphRunner {
    */
   private worthMerging(a: RunRequest['adapter'], batch: number): boolean {
     if (this.merged.get(a.id)?.version === a.version) return true;
-    const seen = this.decodedRows.get(a.id);
-    const rows = (seen?.version === a.version ? seen.rows : 0) + batch;
-    this.decodedRows.set(a.id, { version: a.version, rows });
-    if (this.decodedRows.size > ADAPTER_CACHE_SIZE) this.decodedRows.delete(this.decodedRows.keys().next().value!);
-    return rows > MERGE_AFTER_DECODED_ROWS;
+    const use = this.useOf(a);
+    use.rows += batch;
+    return use.rows > MERGE_AFTER_DECODED_ROWS;
   }
 
   /** Sessions with one adapter version's merged unembedding built in as a constant, by `id:version:kind`. */
   private readonly packed = new Map<string, Promise<ort.InferenceSession | null>>();
-  /** Rows decoded in batches of two or more per adapter version (`id:version`), until it gets a packed session. */
-  private readonly batchedRows = new Map<string, number>();
 
   /**
    * onnxruntime re-packs the right operand of every matrix product of two
@@ -116,12 +124,9 @@ export class GraphRunner {
       return found;
     }
     if (rows < 2 || this.config.device === 'cuda') return null;
-    const version = `${a.id}:${a.version}`;
-    const batched = (this.batchedRows.get(version) ?? 0) + rows;
-    this.batchedRows.delete(version);
-    this.batchedRows.set(version, batched);
-    while (this.batchedRows.size > ADAPTER_CACHE_SIZE) this.batchedRows.delete(this.batchedRows.keys().next().value!);
-    if (batched < (this.config.packAfterBatchedRows ?? PACK_AFTER_BATCHED_ROWS)) return null;
+    const use = this.useOf(a);
+    use.batched += rows;
+    if (use.batched < (this.config.packAfterBatchedRows ?? PACK_AFTER_BATCHED_ROWS)) return null;
     const weight = (await this.mergedUnembedding(a, tensors)).data as Float32Array;
     const { onnx } = buildGraph(kind, this.config.dims, { mergedUnembedding: true, packedUnembedding: weight });
     // A session that fails to build (memory) only costs the speed-up: the run goes on with the weight as an input.

@@ -63,11 +63,6 @@ export function adapterFiles(adapter: LoraAdapter, sites: LoraSite[], baseModel:
   ];
 }
 
-/** Adapter files plus the optimizer moments and step. */
-export function stateFiles(adapter: LoraAdapter, optimizer: OptimizerState, sites: LoraSite[], baseModel: string): CheckpointFile[] {
-  return [...adapterFiles(adapter, sites, baseModel), ...optimizerFiles(adapter, optimizer, baseModel)];
-}
-
 /** The optimizer moments and step: what a trainer checkpoint holds beside the adapter files. */
 export function optimizerFiles(adapter: LoraAdapter, optimizer: OptimizerState, baseModel: string): CheckpointFile[] {
   const moments = new Map<string, NamedTensor>();

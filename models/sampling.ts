@@ -41,14 +41,14 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
   const stopIds = new Set<number>([...codec.eosTokenIds, ...params.stop.filter((s): s is number => typeof s === 'number')]);
   const stopStrings = params.stop.filter((s): s is string => typeof s === 'string');
 
-  // The graph applies the temperature (greedy: none) and returns log-softmax and its exp per row.
+  // The graph applies the temperature (greedy: none).
   const invT = params.temperature === 0 ? 1 : 1 / params.temperature;
   // The graph draws the tokens itself where it can (greedy, or no top-p or top-k cut): only the tokens cross
   // back, not two vocabulary-sized arrays per row. Their uniform numbers come from the same generator, taken
   // in the same order as chooseToken takes them, so a seed still fixes the tokens.
   const drawInGraph = params.temperature === 0 || (params.top_p >= 1 && !(params.top_k > 0 && params.top_k < engine.dims.vocab));
-  const drawOf = () => (drawInGraph ? { draw: params.temperature === 0 ? -1 : rng.next() } : {});
-  const first = await engine.startSequence(prompt, adapter, invT, drawInGraph ? seqs.map(() => drawOf().draw!) : null);
+  const nextDraw = () => (params.temperature === 0 ? -1 : rng.next());
+  const first = await engine.startSequence(prompt, adapter, invT, drawInGraph ? seqs.map(nextDraw) : null);
   // Every sample starts from the prompt's cache; unfinished rows then step together, batched with other requests'.
   const close = engine.openStream();
   try {
@@ -67,7 +67,7 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
       }
     }
     if (step === params.max_tokens - 1 || !next.length) break;
-    const stepped = await engine.decodeRows(next.map((r) => ({ token: r.token, cache: r.cache, ...drawOf() })), adapter, invT);
+    const stepped = await engine.decodeRows(next.map((r) => ({ token: r.token, cache: r.cache, ...(drawInGraph ? { draw: nextDraw() } : {}) })), adapter, invT);
     rows = next.map((r, k) => ({ i: r.i, step: stepped[k]! }));
   }
   } finally {

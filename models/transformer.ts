@@ -72,6 +72,9 @@ export function baseWeights(modelName: string, dims: ModelDims): BaseWeight[] {
 
 export type GraphKind = 'forward' | 'backward' | 'decode' | 'draw' | 'greedy' | 'topk';
 
+/** The decode graphs (a KV cache in and out): the whole next-token distribution out, or the next token drawn or chosen inside. */
+export const DECODE_KINDS: readonly GraphKind[] = ['decode', 'draw', 'greedy'];
+
 export interface BuiltGraph {
   onnx: Uint8Array;
   /** LoRA input names in site order: `lora.<key>.A`, `lora.<key>.B`. */
@@ -101,7 +104,7 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
   const g = new GraphBuilder(`loops-mock-${kind}`);
   const { dModel: d, heads } = dims;
   const hd = d / heads;
-  const decode = kind === 'decode' || kind === 'draw' || kind === 'greedy';
+  const decode = DECODE_KINDS.includes(kind);
   const Tk = decode ? 'K' : 'T';
 
   const tokens = g.input('tokens', 'int64', ['B', 'T']);
