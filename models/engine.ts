@@ -5,7 +5,7 @@ import { ADAPTER_CACHE_SIZE, type Feed, type RunnerConfig, type RunRequest } fro
 import { DECODE_KINDS, DEFAULT_DIMS, loraSites, ROPE_BASE, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
 
 export { DeviceUnavailableError } from './device-error.js';
-import type { LoraAdapter } from './lora.js';
+import { siteRank, type LoraAdapter } from './lora.js';
 
 export type Device = 'cpu' | 'cuda';
 
@@ -19,6 +19,8 @@ export interface EngineOptions {
   maxPositionsPerRun?: number;
   /** Model width etc.; tests use smaller ones. */
   dims?: Partial<Omit<ModelDims, 'vocab'>>;
+  /** Largest LoRA rank on the unembedding (default DEFAULT_UNEMBEDDING_RANK); a run's rank above it is capped there. */
+  unembeddingRank?: number;
   /**
    * Where graphs run: 'worker' (default) on a worker thread of this engine, so the caller's event loop never
    * waits on compute; 'inline' on the calling thread (simpler to debug, blocks while computing).
@@ -121,7 +123,7 @@ export class ModelEngine {
 
   constructor(readonly modelName: string, vocab: number, options: EngineOptions = {}) {
     this.dims = { vocab, ...DEFAULT_DIMS, ...options.dims };
-    this.sites = loraSites(this.dims);
+    this.sites = loraSites(this.dims, options.unembeddingRank);
     this.headDim = this.dims.dModel / this.dims.heads;
     this.presents = Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat();
     this.maxPositions = options.maxPositionsPerRun ?? 512;
@@ -203,8 +205,9 @@ export class ModelEngine {
       }
     }
     for (const site of this.sites) {
-      if (!grads.has(`${site.key}.A`)) grads.set(`${site.key}.A`, new Float32Array(site.inDim * adapter.rank));
-      if (!grads.has(`${site.key}.B`)) grads.set(`${site.key}.B`, new Float32Array(adapter.rank * site.outDim));
+      const r = siteRank(adapter.tensors.get(site.key)!, site);
+      if (!grads.has(`${site.key}.A`)) grads.set(`${site.key}.A`, new Float32Array(site.inDim * r));
+      if (!grads.has(`${site.key}.B`)) grads.set(`${site.key}.B`, new Float32Array(r * site.outDim));
     }
     return { logprobs, grads };
   }
@@ -495,8 +498,9 @@ export class ModelEngine {
     const feeds: Record<string, Feed> = { lora_scale: feed('float32', new Float32Array([adapter.scale]), []) };
     for (const site of this.sites) {
       const t = adapter.tensors.get(site.key)!;
-      feeds[`lora.${site.key}.A`] = feed('float32', t.A, [site.inDim, adapter.rank]);
-      feeds[`lora.${site.key}.B`] = feed('float32', t.B, [adapter.rank, site.outDim]);
+      const r = siteRank(t, site);
+      feeds[`lora.${site.key}.A`] = feed('float32', t.A, [site.inDim, r]);
+      feeds[`lora.${site.key}.B`] = feed('float32', t.B, [r, site.outDim]);
     }
     return feeds;
   }

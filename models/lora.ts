@@ -8,15 +8,26 @@ export interface LoraTensors {
   B: Float32Array;
 }
 
+/** The rank of one site's tensors: the adapter's, or less where the site caps it (LoraSite.maxRank). */
+export function siteRank(t: LoraTensors, site: LoraSite): number {
+  return t.A.length / site.inDim;
+}
+
+/** The rank a fresh adapter of rank `rank` has at a site. */
+export function cappedRank(site: LoraSite, rank: number): number {
+  return Math.min(rank, site.maxRank ?? rank);
+}
+
 /** A LoRA adapter: for each site, x·W becomes x·W + (alpha/rank)·(x·A)·B. */
 export interface LoraAdapter {
   /** Identity and version of the tensors' contents: the engine's worker keeps a copy per (id, version). */
   id: string;
   /** Bumped by every in-place change (an optimizer step); code that edits tensors by hand must call touchAdapter. */
   version: number;
+  /** The run's rank; a site may cap its own below it (siteRank). */
   rank: number;
   alpha: number;
-  /** alpha / rank. */
+  /** alpha / rank, at every site (a capped site keeps the run's scale, as PEFT's alpha_pattern says). */
   scale: number;
   tensors: Map<string, LoraTensors>;
 }
@@ -44,8 +55,9 @@ export function freshAdapter(sites: LoraSite[], rank: number, alpha: number, see
   const rng = new Prng(`loops-mock lora ${seed}`);
   const tensors = new Map<string, LoraTensors>();
   for (const site of sites) {
-    const A = rng.fillUniform(new Float32Array(site.inDim * rank), 1 / Math.sqrt(3 * site.inDim));
-    tensors.set(site.key, { A, B: new Float32Array(rank * site.outDim) });
+    const r = cappedRank(site, rank);
+    const A = rng.fillUniform(new Float32Array(site.inDim * r), 1 / Math.sqrt(3 * site.inDim));
+    tensors.set(site.key, { A, B: new Float32Array(r * site.outDim) });
   }
   return { id: newAdapterId(), version: 0, rank, alpha, scale: alpha / rank, tensors };
 }

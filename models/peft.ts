@@ -1,4 +1,4 @@
-import { adapterOf, type LoraAdapter, type LoraTensors } from './lora.js';
+import { adapterOf, siteRank, type LoraAdapter, type LoraTensors } from './lora.js';
 import type { OptimizerState } from './optimizer.js';
 import { decodeSafetensors, encodeSafetensors, type NamedTensor } from './safetensors.js';
 import type { LoraSite } from './transformer.js';
@@ -34,6 +34,16 @@ function transpose(data: Float32Array, rows: number, cols: number): Float32Array
 }
 
 export function adapterConfig(adapter: LoraAdapter, sites: LoraSite[], baseModel: string): Record<string, unknown> {
+  // A site whose rank is capped below the run's (the unembedding) is said as PEFT says it: its own rank, and
+  // an alpha that keeps the run's scale alpha/r, so that PEFT loads the same weights with the same scaling.
+  const rankPattern: Record<string, number> = {};
+  const alphaPattern: Record<string, number> = {};
+  for (const site of sites) {
+    const r = siteRank(adapter.tensors.get(site.key)!, site);
+    if (r === adapter.rank) continue;
+    rankPattern[site.module] = r;
+    alphaPattern[site.module] = adapter.scale * r;
+  }
   return {
     peft_type: 'LORA',
     task_type: 'CAUSAL_LM',
@@ -45,6 +55,8 @@ export function adapterConfig(adapter: LoraAdapter, sites: LoraSite[], baseModel
     fan_in_fan_out: false,
     inference_mode: true,
     target_modules: [...new Set(sites.map((s) => s.module))],
+    rank_pattern: rankPattern,
+    alpha_pattern: alphaPattern,
   };
 }
 
@@ -54,8 +66,9 @@ export function adapterFiles(adapter: LoraAdapter, sites: LoraSite[], baseModel:
   for (const site of sites) {
     const t = adapter.tensors.get(site.key)!;
     const name = peftModuleName(site);
-    tensors.set(`${name}.lora_A.weight`, { shape: [adapter.rank, site.inDim], data: transpose(t.A, site.inDim, adapter.rank) });
-    tensors.set(`${name}.lora_B.weight`, { shape: [site.outDim, adapter.rank], data: transpose(t.B, adapter.rank, site.outDim) });
+    const r = siteRank(t, site);
+    tensors.set(`${name}.lora_A.weight`, { shape: [r, site.inDim], data: transpose(t.A, site.inDim, r) });
+    tensors.set(`${name}.lora_B.weight`, { shape: [site.outDim, r], data: transpose(t.B, r, site.outDim) });
   }
   return [
     { relative_file_name: 'adapter_config.json', data: Buffer.from(JSON.stringify(adapterConfig(adapter, sites, baseModel), null, 2)) },
@@ -82,7 +95,9 @@ export function readAdapter(files: Map<string, Uint8Array>, sites: LoraSite[], b
   const configBytes = files.get('adapter_config.json');
   const modelBytes = files.get('adapter_model.safetensors');
   if (!configBytes || !modelBytes) throw new CheckpointLoadError('the checkpoint has no adapter_config.json and adapter_model.safetensors');
-  const config = JSON.parse(Buffer.from(configBytes).toString('utf8')) as { r: number; lora_alpha: number; base_model_name_or_path?: string };
+  const config = JSON.parse(Buffer.from(configBytes).toString('utf8')) as {
+    r: number; lora_alpha: number; base_model_name_or_path?: string; rank_pattern?: Record<string, number>; alpha_pattern?: Record<string, number>;
+  };
   if (config.base_model_name_or_path && config.base_model_name_or_path !== baseModel) {
     throw new CheckpointLoadError(`the checkpoint is an adapter of ${config.base_model_name_or_path}, not ${baseModel}`);
   }
@@ -94,10 +109,17 @@ export function readAdapter(files: Map<string, Uint8Array>, sites: LoraSite[], b
     const A = tensors.get(`${name}.lora_A.weight`);
     const B = tensors.get(`${name}.lora_B.weight`);
     if (!A || !B) throw new CheckpointLoadError(`the checkpoint has no LoRA tensors for ${name}`);
-    if (A.shape.join() !== [rank, site.inDim].join() || B.shape.join() !== [site.outDim, rank].join()) {
-      throw new CheckpointLoadError(`${name}: shapes [${A.shape}] and [${B.shape}] do not fit rank ${rank} on this model`);
+    // A module's own rank (rank_pattern) is taken as the file says, whatever this server's cap: one scale for
+    // every module is what the engine computes with, so its alpha must keep alpha/r.
+    const r = config.rank_pattern?.[site.module] ?? rank;
+    const alpha = config.alpha_pattern?.[site.module] ?? config.lora_alpha;
+    if (Math.abs(alpha / r - config.lora_alpha / rank) > 1e-6 * (config.lora_alpha / rank)) {
+      throw new CheckpointLoadError(`${name}: its scale alpha/r = ${alpha}/${r} differs from the adapter's ${config.lora_alpha}/${rank}; this server scales every module alike`);
     }
-    out.set(site.key, { A: transpose(A.data, rank, site.inDim), B: transpose(B.data, site.outDim, rank) });
+    if (A.shape.join() !== [r, site.inDim].join() || B.shape.join() !== [site.outDim, r].join()) {
+      throw new CheckpointLoadError(`${name}: shapes [${A.shape}] and [${B.shape}] do not fit rank ${r} on this model`);
+    }
+    out.set(site.key, { A: transpose(A.data, r, site.inDim), B: transpose(B.data, site.outDim, r) });
   }
   return adapterOf(rank, config.lora_alpha, out);
 }

@@ -1,4 +1,6 @@
 import type { ApiKeySpec } from './core/accounts.js';
+import { DEFAULT_UNEMBEDDING_RANK } from '../models/transformer.js';
+import { MAX_LORA_RANK } from './core/fleet.js';
 
 export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 export type LogLevelName = (typeof LOG_LEVELS)[number];
@@ -34,6 +36,8 @@ export interface ServerOptions {
   operationTtlMs: number;
   /** Where the model engine computes: cpu, or cuda where onnxruntime-node has its CUDA provider. */
   device: 'cpu' | 'cuda';
+  /** Largest LoRA rank on the unembedding; a run's rank above it is capped there (see DEFAULT_UNEMBEDDING_RANK). */
+  unembeddingRank: number;
   /** Model name → a tokenizer.json (or its folder) to use instead of the built-in one. */
   tokenizers: Record<string, string>;
   /** Serve the admin API under /_mock/. */
@@ -64,6 +68,7 @@ export const DEFAULTS: ServerOptions = {
   samplerReplicas: 1,
   presignTtlSeconds: 3600,
   device: 'cpu',
+  unembeddingRank: DEFAULT_UNEMBEDDING_RANK,
   tokenizers: {},
   weightSyncDelayMs: [0],
   floorWaitMs: 2000,
@@ -140,6 +145,10 @@ export const FLAGS: Record<string, FlagSpec> = {
   device: {
     help: 'where the model engine computes: cpu (default) or cuda (needs onnxruntime-node\'s CUDA provider)',
     set: (o, v) => { if (v !== 'cpu' && v !== 'cuda') throw new ConfigError(`--device must be cpu or cuda, got '${v}'`); o.device = v; },
+  },
+  'unembedding-rank': {
+    help: `largest LoRA rank on the unembedding (lm_head), 1..128; a run's lora_rank above it is capped there, as adapter_config.json's rank_pattern says (default ${DEFAULT_UNEMBEDDING_RANK}: rank × vocabulary floats per adapter)`,
+    set: (o, v) => { o.unembeddingRank = integer('unembedding-rank', 1, MAX_LORA_RANK)(v); },
   },
   tokenizer: {
     help: 'NAME=PATH: use the tokenizer.json at PATH (a file or its folder) for base model NAME; repeatable',

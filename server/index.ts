@@ -62,7 +62,7 @@ async function prepareEngines(options: ServerOptions): Promise<EnginePool> {
   } catch (err) {
     throw new ConfigError(`--device ${options.device}: ${(err as Error).message}`);
   }
-  return new EnginePool(tokenizers, { device: options.device });
+  return new EnginePool(tokenizers, { device: options.device, unembeddingRank: options.unembeddingRank });
 }
 
 /** Starts a loops-mock server. Options are the CLI flags in camelCase; `port: 0` picks a free port. */

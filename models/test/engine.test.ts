@@ -1,6 +1,6 @@
 import { describe, expect, it, vi } from 'vitest';
 import {
-  ADAM_DEFAULTS, baseWeightsFor, CheckpointLoadError, EnginePool, freshAdapter, LossInputError, LoraTrainer, parameters, probeDevice, resolveLossConfig,
+  ADAM_DEFAULTS, baseWeightsFor, CheckpointLoadError, decodeSafetensors, DEFAULT_UNEMBEDDING_RANK, EnginePool, freshAdapter, LossInputError, LoraTrainer, parameters, probeDevice, resolveLossConfig,
   ModelEngine, sampleSequences, SAMPLING_DEFAULTS, zeroAdapter, type SamplingParams, type SequenceStart,
 } from '../index.js';
 import { datum, EVAL_TICKETS, prompt, TICKETS } from '../data/support-tickets.js';
@@ -280,6 +280,44 @@ describe('determinism and checkpoints (invariant 4)', () => {
     expect(resumed.step).toBe(2);
     expect(await train(resumed, 2)).toEqual(continued);
     for (const [name, p] of parameters(original.adapter)) expect(Buffer.from(parameters(resumed.adapter).get(name)!.buffer).equals(Buffer.from(p.buffer)), name).toBe(true);
+  });
+
+  it('caps the unembedding\'s rank, says so in adapter_config.json as PEFT does, and loads adapters of any cap', async () => {
+    const config = (t: LoraTrainer) => JSON.parse(Buffer.from(t.samplerFiles().find((f) => f.relative_file_name === 'adapter_config.json')!.data).toString());
+    const shapes = (t: LoraTrainer) => decodeSafetensors(t.samplerFiles().find((f) => f.relative_file_name === 'adapter_model.safetensors')!.data).tensors;
+    const capped = new LoraTrainer(engine, 16, 32, 5);
+    await train(capped, 1);
+    expect(capped.adapter.tensors.get('lm_head')!.B.length).toBe(DEFAULT_UNEMBEDDING_RANK * engine.dims.vocab);
+    expect(capped.adapter.tensors.get('layers.0.q_proj')!.A.length).toBe(16 * engine.dims.dModel);
+    // PEFT scales a module by alpha_pattern / rank_pattern: the run's alpha / r is kept.
+    expect(config(capped)).toMatchObject({ r: 16, lora_alpha: 32, rank_pattern: { lm_head: DEFAULT_UNEMBEDDING_RANK }, alpha_pattern: { lm_head: 2 * DEFAULT_UNEMBEDDING_RANK } });
+    expect(shapes(capped).get('base_model.model.lm_head.lora_B.weight')!.shape).toEqual([engine.dims.vocab, DEFAULT_UNEMBEDDING_RANK]);
+    expect(shapes(capped).get('base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight')!.shape).toEqual([16, engine.dims.dModel]);
+    const below = new LoraTrainer(engine, 2);
+    expect(config(below)).toMatchObject({ r: 2, rank_pattern: {}, alpha_pattern: {} });
+
+    // A server with another cap loads the file as it says, and computes the same; and the other way round.
+    const wide = new ModelEngine(MODEL, engine.dims.vocab, { unembeddingRank: 16 });
+    try {
+      const files = (t: LoraTrainer) => new Map(t.samplerFiles().map((f) => [f.relative_file_name, f.data]));
+      const there = new LoraTrainer(wide, 16);
+      there.load(files(capped), false);
+      expect((await there.forward(evalData, 'cross_entropy', {})).loss).toBe((await capped.forward(evalData, 'cross_entropy', {})).loss);
+      const uncapped = new LoraTrainer(wide, 16, 32, 5);
+      await train(uncapped, 1);
+      expect(uncapped.adapter.tensors.get('lm_head')!.B.length).toBe(16 * engine.dims.vocab);
+      expect(config(uncapped)).toMatchObject({ rank_pattern: {}, alpha_pattern: {} });
+      const here = new LoraTrainer(engine, 16);
+      here.load(files(uncapped), false);
+      expect((await here.forward(evalData, 'cross_entropy', {})).loss).toBe((await uncapped.forward(evalData, 'cross_entropy', {})).loss);
+
+      // One scale for every module: a file that scales the unembedding otherwise is refused, not misread.
+      const odd = files(capped);
+      odd.set('adapter_config.json', Buffer.from(JSON.stringify({ ...config(capped), alpha_pattern: { lm_head: 32 } })));
+      expect(() => new LoraTrainer(engine, 16).load(odd, false)).toThrow(/lm_head: its scale alpha\/r = 32\/4 differs from the adapter's 32\/16/);
+    } finally {
+      await wide.close();
+    }
   });
 
   it('load without optimizer restores weights only; a sampler checkpoint has no optimizer state; other models are refused', async () => {

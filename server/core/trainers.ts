@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import {
-  ADAM_DEFAULTS, CheckpointLoadError, isLossName, LOSS_NAMES, LossInputError, LoraTrainer, resolveLossConfig, type AdamParams, type EnginePool,
+  adapterConfig, ADAM_DEFAULTS, CheckpointLoadError, isLossName, LOSS_NAMES, LossInputError, LoraTrainer, resolveLossConfig, type AdamParams, type EnginePool,
   type LossName, type TrainingDatum,
 } from '../../models/index.js';
 import { MAX_LORA_RANK, type Fleet } from './fleet.js';
@@ -249,8 +249,10 @@ function checkAdam(given: Partial<AdamParams>): AdamParams {
   return hp;
 }
 
+/** The checkpoint record's summary of adapter_config.json. */
 function adapterConfigOf(t: LoraTrainer): Record<string, unknown> {
-  return { r: t.adapter.rank, lora_alpha: t.adapter.alpha, target_modules: [...new Set(t.engine.sites.map((s) => s.module))], base_model_name_or_path: t.engine.modelName };
+  const { r, lora_alpha, target_modules, rank_pattern, alpha_pattern, base_model_name_or_path } = adapterConfig(t.adapter, t.engine.sites, t.engine.modelName);
+  return { r, lora_alpha, target_modules, rank_pattern, alpha_pattern, base_model_name_or_path };
 }
 
 function seedOf(runId: string): number {

@@ -108,6 +108,7 @@ describe('the loops-mock command', () => {
       [['--api-key', 'k::team'], '--api-key must be KEY'],
       [['launch'], "unknown command 'launch'"],
       [['--device', 'tpu'], '--device must be cpu or cuda'],
+      [['--unembedding-rank', '0'], '--unembedding-rank must be a whole number from 1 to 128'],
       [['--device', 'cuda'], 'CUDA execution provider is not available'],
       [['--tokenizer', 'Qwen/Qwen3-8B=/no/such/tokenizer.json'], 'no such file'],
       [['--tokenizer', 'acme/Model-1=./x.json'], "'acme/Model-1' is not a supported base model"],

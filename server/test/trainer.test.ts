@@ -21,6 +21,20 @@ async function newRun(api: ReturnType<typeof http>, extra: Record<string, unknow
   return { session, run: res.body.run, trainer: new URL(res.body.run.base_url).pathname };
 }
 
+describe('--unembedding-rank', () => {
+  it('lifts the cap on the unembedding\'s rank: a run\'s lora_rank reaches lm_head too', async () => {
+    server = await startTestServer({ unembeddingRank: 32 });
+    const api = http(server.url);
+    const { run, trainer } = await newRun(api);
+    await api.op(trainer, 'save_weights_for_sampler', { name: 'wide' });
+    const [checkpoint] = (await api.call('GET', `/v1/loops/checkpoints?run_id=${run.id}`)).body.checkpoints;
+    expect(checkpoint.lora_adapter_config).toMatchObject({ r: 16, rank_pattern: {}, alpha_pattern: {} });
+    const files = (await api.call('GET', `/v1/loops/checkpoints/${checkpoint.id}/files`)).body.presigned_urls;
+    const bytes = new Uint8Array(await (await fetch(files.find((f: any) => f.relative_file_name === 'adapter_model.safetensors').url)).arrayBuffer());
+    expect(decodeSafetensors(bytes).tensors.get('base_model.model.lm_head.lora_B.weight')!.shape).toEqual([151669, 16]);
+  });
+});
+
 describe('the campaign round of the programmatic-training guide, over HTTP', () => {
   it('runs end to end: baseline, 2 epochs at 4e-5, lower trained loss, saves, checkpoints listed and downloaded, cleanup', async () => {
     server = await startTestServer();
@@ -52,14 +66,16 @@ describe('the campaign round of the programmatic-training guide, over HTTP', () 
     const listed = (await api.call('GET', `/v1/loops/checkpoints?run_id=${run.id}`)).body.checkpoints;
     expect(listed.map((c: any) => c.checkpoint_id).sort()).toEqual(['sampler_weights/final', 'weights/final']);
     const sampler = listed.find((c: any) => c.target === 'sampler');
-    expect(sampler.lora_adapter_config).toMatchObject({ r: 16, lora_alpha: 32, base_model_name_or_path: MODEL });
+    // The unembedding's rank is capped (4 by default), as the record and the files say.
+    expect(sampler.lora_adapter_config).toMatchObject({ r: 16, lora_alpha: 32, rank_pattern: { lm_head: 4 }, alpha_pattern: { lm_head: 8 }, base_model_name_or_path: MODEL });
     const files = (await api.call('GET', `/v1/loops/checkpoints/${sampler.id}/files`)).body.presigned_urls;
     expect(files.map((f: any) => f.relative_file_name).sort()).toEqual(['adapter_config.json', 'adapter_model.safetensors']);
     const weights = files.find((f: any) => f.relative_file_name === 'adapter_model.safetensors');
     const bytes = new Uint8Array(await (await fetch(weights.url)).arrayBuffer());
     expect(bytes.length).toBe(weights.size_bytes);
     const { tensors } = decodeSafetensors(bytes);
-    expect(tensors.get('base_model.model.lm_head.lora_B.weight')!.shape).toEqual([151669, 16]);
+    expect(tensors.get('base_model.model.lm_head.lora_B.weight')!.shape).toEqual([151669, 4]);
+    expect(tensors.get('base_model.model.model.layers.0.mlp.down_proj.lora_B.weight')!.shape).toEqual([64, 16]);
 
     const mine = (await api.call('GET', '/v1/loops/runs')).body.runs.filter((r: any) => r.session_id === session);
     for (const r of mine) expect((await api.call('POST', `/v1/loops/runs/${r.id}/deactivate`)).status).toBe(200);
