@@ -37,10 +37,11 @@ export interface LoraSite {
 
 /**
  * LoRA rank on the unembedding when a run asks for more. Its B is rank × vocabulary floats (0.6 MB per rank at
- * Qwen's 151,669 tokens: 39 MB at Loops' default rank 64, more than the whole base model), while the model is
+ * Qwen's 151,669 tokens: 39 MB at Loops' default rank 64, as much as the whole base model), while the model is
  * only 64 wide, so a rank above 64 adds nothing, and the support-ticket task (invariant 3) learns its labels
- * with the unembedding at rank 1 already. At 4, 20 adapters of any rank hold under 50 MB and the task trains as
- * fast as at 16. The mock's choice (`--unembedding-rank`); the adapter files say it as PEFT does (`rank_pattern`).
+ * with the unembedding at rank 1 already. At 4, 20 adapters hold 50 MB at rank 16 and 71 MB at the largest
+ * rank, 128, and the task trains about as fast as at 16. The mock's choice (`--unembedding-rank`); the adapter
+ * files say it as PEFT does (`rank_pattern`).
  */
 export const DEFAULT_UNEMBEDDING_RANK = 4;
 
