@@ -48,7 +48,9 @@ export async function benchEngine(): Promise<void> {
   for (const length of [128, 512]) {
     const data = randomData(8, length, vocab);
     await trainer.forwardBackward(data, 'cross_entropy', {});
-    const [, ms] = await time(() => trainer.forwardBackward(data, 'cross_entropy', {}));
+    // The best of three, as the ceiling is the best of five: both as fast as this machine ran them.
+    let ms = Infinity;
+    for (let i = 0; i < 3; i++) ms = Math.min(ms, (await time(() => trainer.forwardBackward(data, 'cross_entropy', {})))[1]);
     const tokens = 8 * length;
     // FLOPs of the step as the graph executes them; the unembedding dominates. Cross-entropy runs the backward graph
     // alone: per position and vocabulary entry, the logits x·W' (d), then dlogits·W'ᵀ (d) and xᵀ·dlogits (d), where
