@@ -297,12 +297,16 @@ describe('determinism and checkpoints (invariant 4)', () => {
     expect(config(below)).toMatchObject({ r: 2, rank_pattern: {}, alpha_pattern: {} });
 
     // A server with another cap loads the file as it says, and computes the same; and the other way round.
-    const wide = new ModelEngine(MODEL, engine.dims.vocab, { unembeddingRank: 16 });
+    const wide = new ModelEngine(MODEL, engine.dims.vocab, { unembeddingRank: 128 });
     try {
       const files = (t: LoraTrainer) => new Map(t.samplerFiles().map((f) => [f.relative_file_name, f.data]));
       const there = new LoraTrainer(wide, 16);
       there.load(files(capped), false);
       expect((await there.forward(evalData, 'cross_entropy', {})).loss).toBe((await capped.forward(evalData, 'cross_entropy', {})).loss);
+      // Uncapped, the unembedding takes every rank up to 128 too.
+      const widest = new LoraTrainer(wide, 128);
+      expect(widest.adapter.tensors.get('lm_head')!.B.length).toBe(128 * engine.dims.vocab);
+      expect(Number.isFinite((await widest.forwardBackward(trainData.slice(0, 1), 'cross_entropy', {})).loss)).toBe(true);
       const uncapped = new LoraTrainer(wide, 16, 32, 5);
       await train(uncapped, 1);
       expect(uncapped.adapter.tensors.get('lm_head')!.B.length).toBe(16 * engine.dims.vocab);
