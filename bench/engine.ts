@@ -1,7 +1,7 @@
 import { availableParallelism } from 'node:os';
 import * as ort from 'onnxruntime-node';
 import { GraphBuilder } from '../models/graph/builder.js';
-import { ADAM_DEFAULTS, DEFAULT_UNEMBEDDING_RANK, EnginePool, freshAdapter, loraSites, LoraTrainer, parameters, sampleSequences, SAMPLING_DEFAULTS, type LoraAdapter, type TrainingDatum } from '../models/index.js';
+import { ADAM_DEFAULTS, DEFAULT_UNEMBEDDING_RANK, EnginePool, freshAdapter, loraSites, LoraTrainer, parameters, sampleSequences, SAMPLING_DEFAULTS, siteRank, type LoraAdapter, type TrainingDatum } from '../models/index.js';
 import { datum, EVAL_TICKETS, prompt, TICKETS } from '../models/data/support-tickets.js';
 
 /** Engine figures: training and sampling throughput, adapter memory, and the matmul ceiling. */
@@ -29,9 +29,10 @@ export async function benchEngine(): Promise<void> {
   const tok = pool.tokenizers.get(MODEL);
   const { vocab, dModel } = engine.dims;
   const rank = 16;
-  console.log(`engine: ${MODEL} (vocab ${vocab}, d_model ${dModel}, ${engine.dims.layers} layers), LoRA rank ${rank} (unembedding ${Math.min(rank, DEFAULT_UNEMBEDDING_RANK)}), CPU`);
   const trainer = new LoraTrainer(engine, rank, 32, 1);
-  const unembeddingRank = trainer.adapter.tensors.get('lm_head')!.A.length / dModel;
+  const unembedding = engine.sites.find((s) => s.module === 'lm_head')!;
+  const unembeddingRank = siteRank(trainer.adapter.tensors.get(unembedding.key)!, unembedding);
+  console.log(`engine: ${MODEL} (vocab ${vocab}, d_model ${dModel}, ${engine.dims.layers} layers), LoRA rank ${rank} (unembedding ${unembeddingRank}), CPU`);
   await trainer.forwardBackward(randomData(1, 16, vocab), 'cross_entropy', {}); // build sessions
 
   // The ceiling: one plain MatMul of the unembedding's shape, [positions, d] × [d, vocab].
