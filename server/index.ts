@@ -6,11 +6,11 @@ import { LoopsCore } from './core/core.js';
 import type { Clock } from './core/clock.js';
 import { applyScenario, parseScenario, readScenarioSource, type ScenarioSpec } from './admin/scenario.js';
 import { ManualClock } from './core/clock.js';
-import { buildApp } from './http/app.js';
+import { buildApp } from './app.js';
 
 export { ManualClock, RealClock, type Clock } from './core/clock.js';
 export { LoopsCore, type CoreOptions } from './core/core.js';
-export { buildApp } from './http/app.js';
+export { buildApp } from './app.js';
 export { parseOptions, ConfigError, DEFAULTS, type ServerOptions } from './config.js';
 export { VERSION } from './version.js';
 export { MockAdmin } from './admin/client.js';

@@ -275,11 +275,3 @@ export const DeploymentV1 = Type.Object({
 }, { title: 'DeploymentV1' });
 export const DeploymentTombstoneV1 = Type.Object({ id: Type.String(), deleted: Type.Boolean(), model_id: Type.String() });
 export const DeactivateResponseV1 = Type.Object({ success: Type.Optional(Type.Boolean({ default: true })) });
-
-/** The error body every route answers with on failure. */
-export const ErrorResponse = Type.Object({
-  error: Type.Object({
-    type: Type.String(),
-    message: Type.String(),
-  }, { additionalProperties: true }),
-}, { title: 'Error' });

@@ -1,5 +1,5 @@
 import type { RouteOptions } from 'fastify';
-import { ErrorResponse } from '../control/schemas.js';
+import Type from 'typebox';
 
 interface RouteSchema {
   tags?: string[];
@@ -10,6 +10,14 @@ interface RouteSchema {
   response?: Record<string, object>;
   hide?: boolean;
 }
+
+/** The error body every route answers with on failure (http/errors.ts sends it). */
+const ErrorResponse = Type.Object({
+  error: Type.Object({
+    type: Type.String(),
+    message: Type.String(),
+  }, { additionalProperties: true }),
+}, { title: 'Error' });
 
 const ERROR_REPLY = { description: 'Error: {"error": {"type", "message", ...details}}', content: { 'application/json': { schema: ErrorResponse } } };
 

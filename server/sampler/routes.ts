@@ -6,7 +6,7 @@ import { invalid, LoopsError } from '../core/errors.js';
 import type { SamplerRecord } from '../core/records.js';
 import { FloorNotReached, samplerGate, type Served } from '../core/sampling.js';
 import { sendError } from '../http/errors.js';
-import { planeTargets } from '../planes/plane.js';
+import { planeTargets } from '../http/plane.js';
 import { ComputeLogprobsRequest, CompletionsRequest, SampleRequest, SamplerParams } from './schemas.js';
 
 const STARTING = new Set(['BUILDING', 'DEPLOYING', 'LOADING_MODEL', 'WAKING_UP', 'UPDATING']);

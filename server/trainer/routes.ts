@@ -8,7 +8,7 @@ import { TRAINER_OPS, type TrainerOp } from '../core/trainers.js';
 import { sendError } from '../http/errors.js';
 import { faultOf } from '../http/fault-hook.js';
 import { OperationFailure } from '../core/operations.js';
-import { planeTargets } from '../planes/plane.js';
+import { planeTargets } from '../http/plane.js';
 import {
   ForwardRequest, HealthResponse, InitRequest, LoadRequest, OperationIdResponse, OperationResponse, OptimStepRequest, PolicyVersionResponse,
   SaveForSamplerRequest, SaveRequest,

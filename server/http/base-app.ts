@@ -1,36 +1,25 @@
 import Fastify, { type FastifyInstance, type RouteOptions } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import type { ServerOptions } from '../config.js';
 import type { LoopsCore } from '../core/core.js';
 import { LoopsError } from '../core/errors.js';
-import { adminRoutes } from '../admin/routes.js';
-import { accountRoutes } from '../control/account.js';
-import { checkpointDownloadRoute, checkpointRoutes } from '../control/checkpoints.js';
-import type { ControlContext } from '../control/context.js';
-import { deploymentRoutes } from '../control/deployments.js';
-import { samplerRoutes } from '../control/samplers.js';
-import { sessionAndRunRoutes } from '../control/sessions-runs.js';
-import { Views } from '../control/views.js';
-import { samplerPlaneRoutes } from '../sampler/routes.js';
-import { trainerRoutes } from '../trainer/routes.js';
 import { VERSION } from '../version.js';
-import { apiKeyOf, requirePrincipal } from './auth.js';
 import { installErrorHandler, installNotFoundHandler, sendError } from './errors.js';
 import { installFaults } from './fault-hook.js';
 import { installJournal } from './journal-hook.js';
-import { buildOpenApi } from './openapi.js';
 import { serializerCompiler, validatorCompiler } from './validation.js';
 
-export type AppOptions = Pick<ServerOptions, 'bodyLimit' | 'logLevel' | 'dataDir' | 'admin' | 'adminToken'> & {
-  /** The URL base_url fields start with; a function because the port may be known only after listen. */
-  publicUrl: () => string;
-};
+export interface BaseAppOptions {
+  bodyLimit: number;
+  logLevel: string;
+}
 
 /**
- * Builds the Fastify app over a core: the error shape, the version header,
- * validation, and every front door as an encapsulated plugin.
+ * A Fastify instance with what every front door shares: the error shape, the
+ * version header, validation, JSON parsing, refusal while shutting down, and
+ * the journal and fault hooks. `routes` fills as doors register theirs (the
+ * 404 handler and /openapi.json read it).
  */
-export async function buildApp(core: LoopsCore, options: AppOptions): Promise<FastifyInstance> {
+export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: FastifyInstance; routes: RouteOptions[] } {
   const app = Fastify({
     logger: { level: options.logLevel, stream: process.stderr },
     bodyLimit: options.bodyLimit,
@@ -77,38 +66,11 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
   });
 
   installErrorHandler(app, options.bodyLimit);
-  // Root-level hooks: they run for every front door registered below.
+  // Root-level hooks: they run for every front door registered later.
   installJournal(app, core);
   installFaults(app, core);
   const routes: RouteOptions[] = [];
   app.addHook('onRoute', (route) => { routes.push(route as RouteOptions); });
   installNotFoundHandler(app, routes);
-
-  const ctx: ControlContext = { core, views: new Views(core, options.publicUrl) };
-
-  // Control plane: every route needs an API key.
-  await app.register(async (control) => {
-    control.addHook('onRequest', async (request) => { request.principal = requirePrincipal(core, request); });
-    sessionAndRunRoutes(control, ctx);
-    samplerRoutes(control, ctx);
-    checkpointRoutes(control, ctx);
-    deploymentRoutes(control, ctx, options.dataDir);
-    accountRoutes(control, ctx);
-  });
-
-  // Presigned downloads carry their permission in the URL.
-  await app.register(async (files) => {
-    checkpointDownloadRoute(files, ctx, (request) => {
-      const key = apiKeyOf(request);
-      return key === undefined ? undefined : core.accounts.authenticate(key);
-    });
-  });
-
-  await app.register(async (trainer) => trainerRoutes(trainer, core));
-  await app.register(async (sampler) => samplerPlaneRoutes(sampler, core));
-  if (options.admin) await app.register(async (admin) => adminRoutes(admin, core, { token: options.adminToken }));
-
-  app.get('/openapi.json', { schema: { hide: true } as object }, () => buildOpenApi(routes, VERSION, options.publicUrl()));
-
-  return app;
+  return { app, routes };
 }

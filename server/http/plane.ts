@@ -2,7 +2,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { LoopsCore } from '../core/core.js';
 import { LoopsError, notFound } from '../core/errors.js';
 import type { Principal, RunRecord, SamplerRecord } from '../core/records.js';
-import { apiKeyOf } from '../http/auth.js';
+import { apiKeyOf } from './auth.js';
 
 export type PlaneKind = 'trainer' | 'sampler';
 

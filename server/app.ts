@@ -1,0 +1,54 @@
+import type { FastifyInstance } from 'fastify';
+import type { ServerOptions } from './config.js';
+import type { LoopsCore } from './core/core.js';
+import { adminRoutes } from './admin/routes.js';
+import { accountRoutes } from './control/account.js';
+import { checkpointDownloadRoute, checkpointRoutes } from './control/checkpoints.js';
+import type { ControlContext } from './control/context.js';
+import { deploymentRoutes } from './control/deployments.js';
+import { samplerRoutes } from './control/samplers.js';
+import { sessionAndRunRoutes } from './control/sessions-runs.js';
+import { Views } from './control/views.js';
+import { apiKeyOf, requirePrincipal } from './http/auth.js';
+import { createBaseApp } from './http/base-app.js';
+import { buildOpenApi } from './http/openapi.js';
+import { samplerPlaneRoutes } from './sampler/routes.js';
+import { trainerRoutes } from './trainer/routes.js';
+import { VERSION } from './version.js';
+
+export type AppOptions = Pick<ServerOptions, 'bodyLimit' | 'logLevel' | 'dataDir' | 'admin' | 'adminToken'> & {
+  /** The URL base_url fields start with; a function because the port may be known only after listen. */
+  publicUrl: () => string;
+};
+
+/** Builds the Fastify app over a core: the shared base (http/), then every front door as an encapsulated plugin. */
+export async function buildApp(core: LoopsCore, options: AppOptions): Promise<FastifyInstance> {
+  const { app, routes } = createBaseApp(core, options);
+  const ctx: ControlContext = { core, views: new Views(core, options.publicUrl) };
+
+  // Control plane: every route needs an API key.
+  await app.register(async (control) => {
+    control.addHook('onRequest', async (request) => { request.principal = requirePrincipal(core, request); });
+    sessionAndRunRoutes(control, ctx);
+    samplerRoutes(control, ctx);
+    checkpointRoutes(control, ctx);
+    deploymentRoutes(control, ctx, options.dataDir);
+    accountRoutes(control, ctx);
+  });
+
+  // Presigned downloads carry their permission in the URL.
+  await app.register(async (files) => {
+    checkpointDownloadRoute(files, ctx, (request) => {
+      const key = apiKeyOf(request);
+      return key === undefined ? undefined : core.accounts.authenticate(key);
+    });
+  });
+
+  await app.register(async (trainer) => trainerRoutes(trainer, core));
+  await app.register(async (sampler) => samplerPlaneRoutes(sampler, core));
+  if (options.admin) await app.register(async (admin) => adminRoutes(admin, core, { token: options.adminToken }));
+
+  app.get('/openapi.json', { schema: { hide: true } as object }, () => buildOpenApi(routes, VERSION, options.publicUrl()));
+
+  return app;
+}
