@@ -331,15 +331,9 @@ export class Fleet {
   /** A request to a SCALED_TO_ZERO sampler wakes it: WAKING_UP, then ACTIVE after the cold start. */
   wakeSampler(s: SamplerRecord): void {
     if (s.status !== 'SCALED_TO_ZERO') return;
-    s.status = 'WAKING_UP';
-    this.putSampler(s);
-    this.logSampler(s, 'INFO', `Sampler ${s.id} WAKING_UP: a request arrived`);
+    this.moveSampler(s, 'WAKING_UP', 'a request arrived');
     const ready = () => {
-      if (s.status !== 'WAKING_UP') return;
-      s.status = 'ACTIVE';
-      this.putSampler(s);
-      this.logSampler(s, 'INFO', `Sampler ${s.id} is ACTIVE`);
-      this.armSamplerIdleTimer(s);
+      if (s.status === 'WAKING_UP') this.moveSampler(s, 'ACTIVE');
     };
     if (this.options.coldStartMs > 0) this.after(this.options.coldStartMs, ready);
     else ready();
@@ -392,11 +386,7 @@ export class Fleet {
       for (const run of this.runs.values()) if (run.status === 'ACTIVE') this.markRunInactive(run, 'server restarted');
       for (const d of this.deployments.values()) if (d.status !== 'STOPPED' && d.status !== 'FAILED') this.stopDeployment(d, 'STOPPED', 'server restarted');
       for (const s of this.samplers.values()) {
-        if (s.status !== 'INACTIVE') {
-          s.status = 'INACTIVE';
-          this.putSampler(s);
-          this.logSampler(s, 'INFO', 'Sampler INACTIVE: server restarted');
-        }
+        if (s.status !== 'INACTIVE') this.moveSampler(s, 'INACTIVE', 'server restarted');
       }
     });
   }
@@ -438,11 +428,7 @@ export class Fleet {
   private walkSampler(s: SamplerRecord): void {
     const steps: [SamplerStatus, SamplerStatus][] = [['BUILDING', 'DEPLOYING'], ['DEPLOYING', 'LOADING_MODEL'], ['LOADING_MODEL', 'ACTIVE']];
     this.walk(steps, (from, to) => {
-      if (s.status !== from) return;
-      s.status = to;
-      this.putSampler(s);
-      this.logSampler(s, 'INFO', `Sampler ${s.id} is ${to}`);
-      if (to === 'ACTIVE') this.armSamplerIdleTimer(s);
+      if (s.status === from) this.moveSampler(s, to);
     });
   }
 
@@ -456,9 +442,7 @@ export class Fleet {
       if (s.status !== 'ACTIVE' || current === null) return;
       const idleFor = this.clock.now() - (this.samplerActivity.get(s.id) ?? s.created_at);
       if (idleFor < current) return this.after(current - idleFor, check);
-      s.status = 'SCALED_TO_ZERO';
-      this.putSampler(s);
-      this.logSampler(s, 'INFO', `Sampler ${s.id} SCALED_TO_ZERO: no request for ${current} ms`);
+      this.moveSampler(s, 'SCALED_TO_ZERO', `no request for ${current} ms`);
     };
     this.after(limit, check);
   }
@@ -508,13 +492,8 @@ export class Fleet {
     if (d && ownsDeployment) this.stopDeployment(d, deploymentStatus, reason);
     const s = run.sampler_id ? this.samplers.get(run.sampler_id) : undefined;
     if (s && s.run_id === run.id && !DEAD_SAMPLER.has(s.status)) {
-      if (deploymentStatus === 'SCALED_TO_ZERO') {
-        s.status = 'SCALED_TO_ZERO';
-        this.putSampler(s);
-        this.logSampler(s, 'INFO', `Sampler ${s.id} SCALED_TO_ZERO: ${reason}`);
-      } else {
-        this.stopSampler(s, reason);
-      }
+      if (deploymentStatus === 'SCALED_TO_ZERO') this.moveSampler(s, 'SCALED_TO_ZERO', reason);
+      else this.stopSampler(s, reason);
     }
   }
 
@@ -543,14 +522,9 @@ export class Fleet {
   private stopSampler(s: SamplerRecord, reason: string): void {
     if (s.status === 'INACTIVE' || s.status === 'DEACTIVATING') return;
     const finish = () => {
-      if (s.status !== 'DEACTIVATING') return;
-      s.status = 'INACTIVE';
-      this.putSampler(s);
-      this.logSampler(s, 'INFO', `Sampler ${s.id} INACTIVE: ${reason}`);
+      if (s.status === 'DEACTIVATING') this.moveSampler(s, 'INACTIVE', reason);
     };
-    s.status = 'DEACTIVATING';
-    this.putSampler(s);
-    this.logSampler(s, 'INFO', `Sampler ${s.id} DEACTIVATING: ${reason}`);
+    this.moveSampler(s, 'DEACTIVATING', reason);
     if (this.options.deactivationMs > 0) this.after(this.options.deactivationMs, finish);
     else finish();
   }
@@ -561,6 +535,14 @@ export class Fleet {
       fn();
     });
     this.timers.add(timer);
+  }
+
+  /** Every status change of a sampler: stored, logged (with why, when there is a why), and an ACTIVE one's idle timer armed. */
+  private moveSampler(s: SamplerRecord, to: SamplerStatus, why?: string): void {
+    s.status = to;
+    this.putSampler(s);
+    this.logSampler(s, 'INFO', why === undefined ? `Sampler ${s.id} is ${to}` : `Sampler ${s.id} ${to}: ${why}`);
+    if (to === 'ACTIVE') this.armSamplerIdleTimer(s);
   }
 
   private logSampler(s: SamplerRecord, level: 'INFO' | 'WARNING', message: string): void {
