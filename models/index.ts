@@ -12,6 +12,7 @@ export * from './safetensors.js';
 export * from './sampling.js';
 export * from './tokenizers.js';
 export * from './trainer.js';
+export { checkTrainingData } from './training-data.js';
 export { baseWeights as baseWeightsFor, loraSites, DEFAULT_DIMS, DEFAULT_UNEMBEDDING_RANK, type ModelDims, type LoraSite } from './transformer.js';
 
 /** One engine per base model, created on first use and shared by every run on it. */

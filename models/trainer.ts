@@ -1,19 +1,11 @@
 import type { ModelEngine, ScoredSequence } from './engine.js';
-import { computeLoss, cotangentsNeedLogprobs, isRatioLoss, LossInputError, type LossDatum, type LossName, type Reduction } from './losses.js';
+import { computeLoss, cotangentsNeedLogprobs, type LossDatum, type LossName, type Reduction } from './losses.js';
 import { cloneAdapter, DEFAULT_LORA_ALPHA, freshAdapter, parameters, touchAdapter, type LoraAdapter } from './lora.js';
 import { adamwStep, freshOptimizerState, type AdamParams, type OptimizerState } from './optimizer.js';
 import { adapterFiles, CheckpointLoadError, optimizerFiles, readAdapter, readOptimizer, type CheckpointFile } from './peft.js';
+import { checkTrainingData, IGNORE_TARGET, type TrainingDatum } from './training-data.js';
 
-/** One training example, as the wire's Datum carries it. */
-export interface TrainingDatum {
-  tokens: number[];
-  /** `target_tokens`; null = each position predicts the next input token (the last one counts for nothing). -100 = not counted. */
-  targetTokens: number[] | null;
-  weights: Float32Array | null;
-  /** Sampler logprobs (`loss_fn_inputs.logprobs`). */
-  logprobs: Float32Array | null;
-  advantages: Float32Array | null;
-}
+export { IGNORE_TARGET, type TrainingDatum } from './training-data.js';
 
 export interface PassResult {
   loss: number;
@@ -21,8 +13,6 @@ export interface PassResult {
   logprobs: Float32Array[];
   metrics: Record<string, number>;
 }
-
-export const IGNORE_TARGET = -100;
 
 /**
  * The training state of one run on a shared engine: its LoRA adapter, the
@@ -151,34 +141,24 @@ export class LoraTrainer {
     });
   }
 
-  /** Resolves targets (explicit or next-token) and checks every id and per-position tensor. */
+  /** Checks the data (checkTrainingData), then resolves each position's target: explicit, or the next input token. */
   private prepare(data: TrainingDatum[], loss: LossName): { seqs: ScoredSequence[]; lossData: (LossDatum & { targetValid: Uint8Array })[] } {
-    const vocab = this.engine.dims.vocab;
+    checkTrainingData(data, this.engine.dims.vocab, loss);
     const seqs: ScoredSequence[] = [];
     const lossData: (LossDatum & { targetValid: Uint8Array })[] = [];
-    data.forEach((d, i) => {
+    for (const d of data) {
       const T = d.tokens.length;
-      if (T === 0) throw new LossInputError(`data[${i}].model_input`, `data[${i}] has no tokens.`);
-      d.tokens.forEach((tok, t) => {
-        if (!Number.isInteger(tok) || tok < 0 || tok >= vocab) throw new LossInputError(`data[${i}].model_input`, `data[${i}] token ${tok} at position ${t} is outside the vocabulary (0..${vocab - 1}).`);
-      });
       const targets = new Array<number>(T);
       const valid = new Uint8Array(T);
       for (let t = 0; t < T; t++) {
         const target = d.targetTokens ? d.targetTokens[t]! : t + 1 < T ? d.tokens[t + 1]! : IGNORE_TARGET;
-        if (target !== IGNORE_TARGET && (!Number.isInteger(target) || target < 0 || target >= vocab)) {
-          throw new LossInputError(`data[${i}].loss_fn_inputs.target_tokens`, `data[${i}] target ${target} at position ${t} is outside the vocabulary (0..${vocab - 1}); use -100 for positions that do not count.`);
-        }
         valid[t] = target === IGNORE_TARGET ? 0 : 1;
         targets[t] = target === IGNORE_TARGET ? 0 : target;
-      }
-      if (isRatioLoss(loss) && (!d.logprobs || !d.advantages)) {
-        throw new LossInputError(`data[${i}].loss_fn_inputs`, `loss_fn '${loss}' needs loss_fn_inputs.logprobs (the sampler's logprobs) and loss_fn_inputs.advantages in data[${i}].`);
       }
       const counted = Uint8Array.from(valid, (v, t) => (v && (d.weights?.[t] ?? 1) !== 0 ? 1 : 0));
       seqs.push({ tokens: d.tokens, targets, scored: [...valid.keys()].filter((t) => valid[t]) });
       lossData.push({ counted, targetValid: valid, weights: d.weights, samplerLogprobs: d.logprobs, advantages: d.advantages });
-    });
+    }
     return { seqs, lossData };
   }
 }

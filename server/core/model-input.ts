@@ -7,10 +7,11 @@ export interface ModelInputWire {
 
 /**
  * The tokens of a ModelInput, checked for what both planes need: text chunks
- * only, at least one token, every id in the model's vocabulary, and no more
- * than `maxLength` tokens. `field` names the input in errors.
+ * only, at least one token, and no more than `maxLength` tokens; with
+ * `vocabulary`, every id inside it (training data has its ids checked with
+ * the rest of the datum, by checkTrainingData). `field` names the input in errors.
  */
-export function modelInputTokens(input: ModelInputWire, field: string, limits: { vocab: number; model: string; maxLength: number; lengthName: string; use: 'trains on' | 'samples from' }): number[] {
+export function modelInputTokens(input: ModelInputWire, field: string, limits: { maxLength: number; lengthName: string; use: 'trains on' | 'samples from'; vocabulary?: { size: number; model: string } }): number[] {
   const tokens: number[] = [];
   input.chunks.forEach((chunk, c) => {
     if (chunk.type !== 'encoded_text' || !chunk.tokens) {
@@ -20,7 +21,8 @@ export function modelInputTokens(input: ModelInputWire, field: string, limits: {
   });
   if (!tokens.length) throw invalid(`${field} has no tokens.`, { field });
   if (tokens.length > limits.maxLength) throw invalid(`${field} has ${tokens.length} tokens; the ${limits.lengthName} is ${limits.maxLength}.`, { field });
-  const bad = tokens.findIndex((t) => !Number.isInteger(t) || t < 0 || t >= limits.vocab);
-  if (bad >= 0) throw invalid(`${field} token ${tokens[bad]} at position ${bad} is outside ${limits.model}'s vocabulary (0..${limits.vocab - 1}).`, { field });
+  const vocab = limits.vocabulary;
+  const bad = vocab ? tokens.findIndex((t) => !Number.isInteger(t) || t < 0 || t >= vocab.size) : -1;
+  if (bad >= 0) throw invalid(`${field} token ${tokens[bad]} at position ${bad} is outside ${vocab!.model}'s vocabulary (0..${vocab!.size - 1}).`, { field });
   return tokens;
 }

@@ -158,7 +158,7 @@ export class Sampling {
 
   /** A prompt's tokens, checked against the sampler's model and max_seq_length. */
   promptTokens(s: SamplerRecord, prompt: ModelInputWire, field = 'prompt'): number[] {
-    return modelInputTokens(prompt, field, { vocab: this.engines.vocabSize(s.base_model), model: s.base_model, maxLength: s.max_seq_length, lengthName: "sampler's max_seq_length", use: 'samples from' });
+    return modelInputTokens(prompt, field, { vocabulary: { size: this.engines.vocabSize(s.base_model), model: s.base_model }, maxLength: s.max_seq_length, lengthName: "sampler's max_seq_length", use: 'samples from' });
   }
 
   get maxTokensLimit(): number {

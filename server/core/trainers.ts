@@ -1,8 +1,9 @@
 import { createHash } from 'node:crypto';
 import {
-  adapterConfig, ADAM_DEFAULTS, CheckpointLoadError, isLossName, LOSS_NAMES, LossInputError, LoraTrainer, resolveLossConfig, type AdamParams, type EnginePool,
-  type LossName, type TrainingDatum,
+  adapterConfig, ADAM_DEFAULTS, CheckpointLoadError, checkTrainingData, isLossName, LOSS_NAMES, LossInputError, LoraTrainer, resolveLossConfig, type AdamParams,
+  type EnginePool, type LossName, type TrainingDatum,
 } from '../../models/index.js';
+import type { ForwardBody, TrainerBody, TrainerOp } from '../wire/trainer.js';
 import { MAX_LORA_RANK, type Fleet } from './fleet.js';
 import type { Checkpoints } from './checkpoints.js';
 import { assertSafeCheckpointName, parseCheckpointPath } from './checkpoints.js';
@@ -12,31 +13,8 @@ import { OperationFailure, type Operation, type Operations } from './operations.
 import type { Principal, RunRecord } from './records.js';
 import type { SamplerWeights } from './sampler-weights.js';
 
-// ---- wire shapes (already checked against their schemas by the front door) --------------
-
-export interface TensorData {
-  data: number[];
-  dtype: 'int64' | 'float32';
-  shape?: number[] | null;
-}
-
-export interface WireDatum {
-  model_input: { chunks: { type: string; tokens?: number[] }[] };
-  loss_fn_inputs?: Record<string, TensorData>;
-}
-
-export interface ForwardRequest {
-  data: WireDatum[];
-  loss_fn: string;
-  loss_fn_config?: Record<string, number> | null;
-}
-
-export interface OptimStepRequest {
-  adam_params?: Partial<AdamParams> | null;
-}
-
-export const TRAINER_OPS = ['forward', 'forward_backward', 'optim_step', 'save_state', 'save_weights_for_sampler', 'load_state', 'load_state_with_optimizer', 'init_trainer_server'] as const;
-export type TrainerOp = (typeof TRAINER_OPS)[number];
+/** One operation and its body, as the route validated it: the body's type follows the op. */
+export type TrainerRequest = { [O in TrainerOp]: { op: O; body: TrainerBody<O> } }[TrainerOp];
 
 /** Per-position inputs a datum may carry, with the dtype each must have. */
 const LOSS_INPUTS: Record<string, 'int64' | 'float32'> = { target_tokens: 'int64', weights: 'float32', logprobs: 'float32', advantages: 'float32' };
@@ -85,9 +63,9 @@ export class Trainers {
    * earlier one for a reused Idempotency-Key). `injectedFailure` (a fault
    * rule) makes the operation end with that error instead of running.
    */
-  submit(p: Principal, run: RunRecord, op: TrainerOp, body: Record<string, unknown>, idempotencyKey: string | undefined, injectedFailure?: OperationFailure): Operation {
-    const work = this.prepare(p, run, op, body);
-    return this.operations.submit(run.id, op, body, idempotencyKey, async () => {
+  submit(p: Principal, run: RunRecord, request: TrainerRequest, idempotencyKey: string | undefined, injectedFailure?: OperationFailure): Operation {
+    const work = this.prepare(p, run, request);
+    return this.operations.submit(run.id, request.op, request.body, idempotencyKey, async () => {
       await this.state(run).ready;
       if (injectedFailure) throw injectedFailure;
       const state = this.states.get(run.id);
@@ -103,11 +81,12 @@ export class Trainers {
 
   // ---- per-op validation and work ---------------------------------------
 
-  private prepare(p: Principal, run: RunRecord, op: TrainerOp, body: Record<string, unknown>): (t: LoraTrainer) => Promise<unknown> {
-    switch (op) {
+  private prepare(p: Principal, run: RunRecord, request: TrainerRequest): (t: LoraTrainer) => Promise<unknown> {
+    const { op } = request;
+    switch (request.op) {
       case 'forward':
       case 'forward_backward': {
-        const { data, loss, config } = this.checkPass(run, body as unknown as ForwardRequest);
+        const { data, loss, config } = this.checkPass(run, request.body);
         return async (t) => {
           const r = op === 'forward' ? await t.forward(data, loss, config) : await t.forwardBackward(data, loss, config);
           return {
@@ -118,7 +97,7 @@ export class Trainers {
         };
       }
       case 'optim_step': {
-        const hp = checkAdam((body as OptimStepRequest).adam_params ?? {});
+        const hp = checkAdam(request.body.adam_params ?? {});
         return async (t) => {
           const metrics = t.optimStep(hp);
           return { metrics, policy_version: t.step };
@@ -126,7 +105,7 @@ export class Trainers {
       }
       case 'save_state':
       case 'save_weights_for_sampler': {
-        const name = String(body.name);
+        const { name } = request.body;
         assertSafeCheckpointName(name, 'name');
         return async (t) => {
           if (op === 'save_state') {
@@ -144,18 +123,19 @@ export class Trainers {
       case 'load_state':
       case 'load_state_with_optimizer': {
         const withOptimizer = op === 'load_state_with_optimizer';
-        const c = this.checkpoints.resolve(p, String(body.path), 'path', withOptimizer ? 'trainer' : undefined);
+        const { path } = request.body;
+        const c = this.checkpoints.resolve(p, path, 'path', withOptimizer ? 'trainer' : undefined);
         if (c.base_model !== run.base_model) throw invalid(`path is a checkpoint of ${c.base_model}; this run trains ${run.base_model}.`, { field: 'path' });
         const rank = (c.lora_adapter_config as { r?: number } | null)?.r;
         if (rank !== undefined && rank !== run.lora_rank) throw invalid(`path holds a rank-${rank} adapter; this run's lora_rank is ${run.lora_rank}. Use init_trainer_server {lora_rank: ${rank}} first, or a run of that rank.`, { field: 'path' });
         return async (t) => {
           t.load(this.checkpoints.readFiles(c), withOptimizer);
-          return { path: String(body.path) };
+          return { path };
         };
       }
       case 'init_trainer_server': {
-        const rank = body.lora_rank as number;
-        const alpha = (body.lora_alpha as number | undefined) ?? 32;
+        const rank = request.body.lora_rank;
+        const alpha = request.body.lora_alpha ?? 32;
         if (rank < 1 || rank > MAX_LORA_RANK) throw invalid(`lora_rank ${rank} is out of range: use 1..${MAX_LORA_RANK}.`, { field: 'lora_rank' });
         if (!(alpha > 0)) throw invalid(`lora_alpha must be > 0 (got ${alpha}).`, { field: 'lora_alpha' });
         return async (t) => {
@@ -167,47 +147,41 @@ export class Trainers {
     }
   }
 
-  /** Every check of a forward/forward_backward request, naming the datum and field at fault. */
-  private checkPass(run: RunRecord, body: ForwardRequest): { data: TrainingDatum[]; loss: LossName; config: Record<string, number> } {
+  /**
+   * A forward/forward_backward request read into training data: the wire's
+   * own rules here (chunks, length, input names, dtypes, shapes), the data's
+   * rules in checkTrainingData (the engine's one check), all at submit time.
+   */
+  private checkPass(run: RunRecord, body: ForwardBody): { data: TrainingDatum[]; loss: LossName; config: Record<string, number> } {
     if (!isLossName(body.loss_fn)) throw invalid(`loss_fn '${body.loss_fn}' is not a loss of Loops: use one of ${LOSS_NAMES.join(', ')}.`, { field: 'loss_fn' });
     const loss = body.loss_fn;
-    let config: Record<string, number>;
-    try {
-      config = resolveLossConfig(loss, body.loss_fn_config);
-    } catch (err) {
-      throw invalid((err as LossInputError).message, { field: (err as LossInputError).field });
-    }
     const vocab = this.engines.vocabSize(run.base_model);
-    const data = body.data.map((d, i): TrainingDatum => {
-      const at = `data[${i}]`;
-      const tokens = modelInputTokens(d.model_input, `${at}.model_input`, { vocab, model: run.base_model, maxLength: run.max_seq_len, lengthName: "run's max_seq_len", use: 'trains on' });
-      const inputs = d.loss_fn_inputs ?? {};
-      const arrays: Record<string, number[]> = {};
-      for (const [name, tensor] of Object.entries(inputs)) {
-        const field = `${at}.loss_fn_inputs.${name}`;
-        const want = LOSS_INPUTS[name];
-        if (!want) throw invalid(`${field} is not an input of Loops losses: use ${Object.keys(LOSS_INPUTS).join(', ')}.`, { field });
-        if (tensor.dtype !== want) throw invalid(`${field} must have dtype '${want}' (got '${tensor.dtype}').`, { field: `${field}.dtype` });
-        const expected = tensor.shape ? tensor.shape.reduce((a, b) => a * b, 1) : tensor.data.length;
-        if (tensor.shape && (tensor.shape.length !== 1 || expected !== tensor.data.length)) {
-          throw invalid(`${field}.shape ${JSON.stringify(tensor.shape)} does not fit its ${tensor.data.length} values: per-position inputs are 1-D, [${tokens.length}].`, { field: `${field}.shape` });
+    try {
+      const config = resolveLossConfig(loss, body.loss_fn_config);
+      const data = body.data.map((d, i): TrainingDatum => {
+        const at = `data[${i}]`;
+        const tokens = modelInputTokens(d.model_input, `${at}.model_input`, { maxLength: run.max_seq_len, lengthName: "run's max_seq_len", use: 'trains on' });
+        const arrays: Record<string, number[]> = {};
+        for (const [name, tensor] of Object.entries(d.loss_fn_inputs ?? {})) {
+          const field = `${at}.loss_fn_inputs.${name}`;
+          const want = LOSS_INPUTS[name];
+          if (!want) throw invalid(`${field} is not an input of Loops losses: use ${Object.keys(LOSS_INPUTS).join(', ')}.`, { field });
+          if (tensor.dtype !== want) throw invalid(`${field} must have dtype '${want}' (got '${tensor.dtype}').`, { field: `${field}.dtype` });
+          if (tensor.shape && (tensor.shape.length !== 1 || tensor.shape[0] !== tensor.data.length)) {
+            throw invalid(`${field}.shape ${JSON.stringify(tensor.shape)} does not fit its ${tensor.data.length} values: per-position inputs are 1-D, [${tokens.length}].`, { field: `${field}.shape` });
+          }
+          if (want === 'int64' && tensor.data.some((v) => !Number.isInteger(v))) throw invalid(`${field} must hold integers.`, { field });
+          arrays[name] = tensor.data;
         }
-        if (tensor.data.length !== tokens.length) throw invalid(`${field} has ${tensor.data.length} values; ${at} has ${tokens.length} tokens and needs one per position.`, { field });
-        if (want === 'int64' && tensor.data.some((v) => !Number.isInteger(v))) throw invalid(`${field} must hold integers.`, { field });
-        if (tensor.data.some((v) => !Number.isFinite(v))) throw invalid(`${field} must hold finite numbers.`, { field });
-        if (name === 'target_tokens') {
-          const off = tensor.data.findIndex((t) => t !== -100 && (t < 0 || t >= vocab));
-          if (off >= 0) throw invalid(`${field} ${tensor.data[off]} at position ${off} is outside the vocabulary (0..${vocab - 1}); use -100 for positions that do not count.`, { field });
-        }
-        arrays[name] = tensor.data;
-      }
-      if (loss !== 'cross_entropy' && (!arrays.logprobs || !arrays.advantages)) {
-        throw invalid(`loss_fn '${loss}' needs ${at}.loss_fn_inputs.logprobs (the sampler's logprobs of the tokens) and .advantages.`, { field: `${at}.loss_fn_inputs` });
-      }
-      const f32 = (a?: number[]) => (a ? Float32Array.from(a) : null);
-      return { tokens, targetTokens: arrays.target_tokens ?? null, weights: f32(arrays.weights), logprobs: f32(arrays.logprobs), advantages: f32(arrays.advantages) };
-    });
-    return { data, loss, config };
+        const f32 = (a?: number[]) => (a ? Float32Array.from(a) : null);
+        return { tokens, targetTokens: arrays.target_tokens ?? null, weights: f32(arrays.weights), logprobs: f32(arrays.logprobs), advantages: f32(arrays.advantages) };
+      });
+      checkTrainingData(data, vocab, loss);
+      return { data, loss, config };
+    } catch (err) {
+      if (err instanceof LossInputError) throw invalid(err.message, { field: err.field });
+      throw err;
+    }
   }
 
   /** The run's trainer, created on first use; a run created with `path` loads it (weights) before it is ready. */

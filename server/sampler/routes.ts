@@ -7,7 +7,7 @@ import type { SamplerRecord } from '../core/records.js';
 import { FloorNotReached, samplerGate, type Served } from '../core/sampling.js';
 import { sendError } from '../http/errors.js';
 import { planeTargets } from '../http/plane.js';
-import { ComputeLogprobsRequest, CompletionsRequest, SampleRequest, SamplerParams } from './schemas.js';
+import { ComputeLogprobsRequest, CompletionsRequest, SampleRequest, SamplerParams } from '../wire/sampler.js';
 
 const STARTING = new Set(['BUILDING', 'DEPLOYING', 'LOADING_MODEL', 'WAKING_UP', 'UPDATING']);
 

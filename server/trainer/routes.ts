@@ -4,26 +4,12 @@ import Type from 'typebox';
 import type { LoopsCore } from '../core/core.js';
 import { LoopsError } from '../core/errors.js';
 import type { RunRecord } from '../core/records.js';
-import { TRAINER_OPS, type TrainerOp } from '../core/trainers.js';
+import type { TrainerRequest } from '../core/trainers.js';
 import { sendError } from '../http/errors.js';
 import { faultOf } from '../http/fault-hook.js';
 import { OperationFailure } from '../core/operations.js';
 import { planeTargets } from '../http/plane.js';
-import {
-  ForwardRequest, HealthResponse, InitRequest, LoadRequest, OperationIdResponse, OperationResponse, OptimStepRequest, PolicyVersionResponse,
-  SaveForSamplerRequest, SaveRequest,
-} from './schemas.js';
-
-const BODIES: Record<TrainerOp, object> = {
-  forward: ForwardRequest,
-  forward_backward: ForwardRequest,
-  optim_step: OptimStepRequest,
-  save_state: SaveRequest,
-  save_weights_for_sampler: SaveForSamplerRequest,
-  load_state: LoadRequest,
-  load_state_with_optimizer: LoadRequest,
-  init_trainer_server: InitRequest,
-};
+import { HealthResponse, OperationIdResponse, OperationResponse, PolicyVersionResponse, TRAINER_BODIES, TRAINER_OPS, type TrainerOp } from '../wire/trainer.js';
 
 const RunParams = Type.Object({ run_id: Type.String() });
 const OperationParams = Type.Object({ run_id: Type.String(), operation_id: Type.String() });
@@ -40,9 +26,9 @@ export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore): void {
     return run;
   };
 
-  for (const op of TRAINER_OPS) {
+  const submitRoute = <O extends TrainerOp>(op: O) => {
     app.post(`/trainer/:run_id/${op}`, {
-      schema: { tags, summary: `Submit ${op}; poll GET /trainer/{run_id}/operations/{operation_id} for its result`, params: RunParams, body: BODIES[op] as never, response: { 200: OperationIdResponse } },
+      schema: { tags, summary: `Submit ${op}; poll GET /trainer/{run_id}/operations/{operation_id} for its result`, params: RunParams, body: TRAINER_BODIES[op], response: { 200: OperationIdResponse } },
     }, (req) => {
       const { record, caller } = target(req);
       const run = activeRun(record);
@@ -50,10 +36,13 @@ export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore): void {
       const principal = caller ?? ownerOf(core, run);
       const fault = faultOf(req);
       const injected = fault?.type === 'fail_operation' ? new OperationFailure(fault.error_class, fault.message ?? `${op} failed (injected by a loops-mock fault rule).`) : undefined;
-      const operation = core.trainers.submit(principal, run, op, req.body as Record<string, unknown>, Array.isArray(key) ? key[0] : key, injected);
+      // The schema of this op validated the body, so it is this op's body.
+      const request = { op, body: req.body } as TrainerRequest;
+      const operation = core.trainers.submit(principal, run, request, Array.isArray(key) ? key[0] : key, injected);
       return { operation_id: operation.id };
     });
-  }
+  };
+  for (const op of TRAINER_OPS) submitRoute(op);
 
   app.get('/trainer/:run_id/operations/:operation_id', {
     schema: { tags, summary: 'Long-poll an operation: 200 done or error, 408 when the window (--long-poll-ms) passes first, 404 unknown or expired, 503 shutting down', params: OperationParams, response: { 200: OperationResponse } },

@@ -1,6 +1,6 @@
 /** TypeBox schemas of the sampler data plane (PROTOCOL.md section 5; the route names and bodies are the mock's choice). */
 import Type from 'typebox';
-import { ModelInput } from '../trainer/schemas.js';
+import { ModelInput } from './trainer.js';
 
 const strict = { additionalProperties: false } as const;
 const Stop = Type.Optional(Type.Union([Type.String(), Type.Array(Type.String()), Type.Array(Type.Integer()), Type.Null()]));

@@ -1,5 +1,5 @@
-/** TypeBox schemas of the trainer data plane (PROTOCOL.md section 4 and 6). */
-import Type from 'typebox';
+/** The trainer data plane's bodies (PROTOCOL.md sections 4 and 6): the door validates with these schemas, the core takes their static types. */
+import Type, { type Static } from 'typebox';
 
 const strict = { additionalProperties: false } as const;
 
@@ -57,3 +57,22 @@ export const OperationResponse = Type.Object({
   result: Type.Optional(Type.Unknown()),
   error: Type.Optional(Type.Object({ message: Type.String(), error_class: Type.String() })),
 });
+
+/** Each operation's body schema: the route validates with it, the core takes its static type. */
+export const TRAINER_BODIES = {
+  forward: ForwardRequest,
+  forward_backward: ForwardRequest,
+  optim_step: OptimStepRequest,
+  save_state: SaveRequest,
+  save_weights_for_sampler: SaveForSamplerRequest,
+  load_state: LoadRequest,
+  load_state_with_optimizer: LoadRequest,
+  init_trainer_server: InitRequest,
+} as const;
+
+export type TrainerOp = keyof typeof TRAINER_BODIES;
+export const TRAINER_OPS = Object.keys(TRAINER_BODIES) as TrainerOp[];
+export type TrainerBody<O extends TrainerOp> = Static<(typeof TRAINER_BODIES)[O]>;
+export type ForwardBody = Static<typeof ForwardRequest>;
+export type WireDatum = Static<typeof Datum>;
+export type WireTensorData = Static<typeof TensorData>;
