@@ -1,7 +1,7 @@
 import type { FaultRule, FaultRuleInput } from '../core/faults.js';
 import type { JournalEntry, JournalQuery } from '../core/journal.js';
 import type { ProgressRule, ProgressRuleInput } from '../core/progress.js';
-import type { ReplicaState } from '../core/sampling.js';
+import type { ReplicaState } from '../core/replicas.js';
 import type { SettingsWire } from '../core/settings.js';
 import type { ScenarioSpec } from './scenario.js';
 

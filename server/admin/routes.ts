@@ -112,18 +112,18 @@ export function adminRoutes(appIn: FastifyInstance, core: LoopsCore, options: Ad
   };
   const samplerState = (id: string) => {
     const s = samplerOf(id);
-    return { sampler_id: s.id, status: s.status, published_version: core.sampling.publishedVersion(s), replicas: core.sampling.replicaStates(s) };
+    return { sampler_id: s.id, status: s.status, published_version: core.replicas.publishedVersion(s), replicas: core.replicas.replicaStates(s) };
   };
   const SamplerParams = Type.Object({ sampler_id: Type.String() });
   app.get('/_mock/samplers/:sampler_id', { schema: { tags, summary: "A sampler's replicas: live, syncing and pending versions, delays, paused", params: SamplerParams, response: { 200: SamplerState } } },
     (req) => samplerState(req.params.sampler_id));
   app.patch('/_mock/samplers/:sampler_id', { schema: { tags, summary: "Sets a sampler's replica count", params: SamplerParams, body: SamplerPatch, response: { 200: SamplerState } } }, (req) => {
-    core.sampling.setReplicaCount(samplerOf(req.params.sampler_id), req.body.replicas);
+    core.replicas.setReplicaCount(samplerOf(req.params.sampler_id), req.body.replicas);
     return samplerState(req.params.sampler_id);
   });
   app.patch('/_mock/samplers/:sampler_id/replicas/:replica', {
     schema: { tags, summary: "Sets one replica's sync delay (null: the settings') and pauses or resumes its weight sync", params: Type.Object({ sampler_id: Type.String(), replica: Type.Integer({ minimum: 0 }) }), body: ReplicaPatch, response: { 200: ReplicaState } },
-  }, (req) => core.sampling.controlReplica(samplerOf(req.params.sampler_id), req.params.replica, req.body));
+  }, (req) => core.replicas.controlReplica(samplerOf(req.params.sampler_id), req.params.replica, req.body));
 
   // ---- settings, clock, scenarios ------------------------------------------
 

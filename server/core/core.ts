@@ -12,6 +12,7 @@ import { Operations } from './operations.js';
 import { Progress } from './progress.js';
 import { SamplerWeights } from './sampler-weights.js';
 import { Trainers } from './trainers.js';
+import { SamplerReplicas } from './replicas.js';
 import { Sampling } from './sampling.js';
 import { DEFAULT_SETTINGS, type Settings } from './settings.js';
 import { Store } from './store.js';
@@ -61,6 +62,7 @@ export class LoopsCore {
   operations!: Operations;
   samplerWeights!: SamplerWeights;
   trainers!: Trainers;
+  replicas!: SamplerReplicas;
   sampling!: Sampling;
   faults!: Faults;
   progress!: Progress;
@@ -93,7 +95,8 @@ export class LoopsCore {
     this.operations = new Operations(this.clock, this.settings, this.progress);
     this.samplerWeights = new SamplerWeights();
     this.trainers = new Trainers(this.fleet, this.checkpoints, this.engines, this.operations, this.samplerWeights);
-    this.sampling = new Sampling(this.fleet, this.checkpoints, this.engines, this.samplerWeights, this.clock, this.settings, this.stopping.signal);
+    this.replicas = new SamplerReplicas(this.fleet, this.checkpoints, this.engines, this.samplerWeights, this.clock, this.settings, this.stopping.signal);
+    this.sampling = new Sampling(this.fleet, this.replicas, this.engines, this.clock, this.settings);
   }
 
   /**

@@ -1,279 +1,186 @@
-import { createHash } from 'node:crypto';
-import { readAdapter, sampleSequences, zeroAdapter, type EnginePool, type LoraAdapter, type SampledSequence, type SamplingParams } from '../../models/index.js';
-import { parseCheckpointPath, type Checkpoints } from './checkpoints.js';
-import type { Clock, Timer } from './clock.js';
-import { LoopsError, notFound } from './errors.js';
-import { modelInputTokens, type ModelInputWire } from './model-input.js';
+import { SAMPLING_DEFAULTS, sampleSequences, type EnginePool, type LoraAdapter, type SampledSequence, type SamplingParams } from '../../models/index.js';
+import type { CompletionsBody, SampleBody, SamplingParamsWire } from '../wire/sampler.js';
+import type { Clock } from './clock.js';
+import { invalid, LoopsError } from './errors.js';
 import type { Fleet } from './fleet.js';
+import { modelInputTokens, type ModelInputWire } from './model-input.js';
 import type { SamplerRecord } from './records.js';
-import type { Publication, SamplerWeights } from './sampler-weights.js';
+import type { SamplerReplicas, Served } from './replicas.js';
 import type { Settings } from './settings.js';
 
-export type SamplingOptions = Pick<Settings, 'weightSyncDelayMs' | 'floorWaitMs' | 'maxTokensLimit'>;
-
-interface Replica {
-  index: number;
-  liveVersion: number;
-  adapter: LoraAdapter | null;
-  /** Publication being synced, with its timer. */
-  syncing: { version: number; timer: Timer } | null;
-  /** Set through the admin API: this replica's own sync delay instead of the settings'. */
-  delayMs: number | null;
-  /** A paused replica keeps serving what it has; the newest publication waits here until resumed. */
-  paused: boolean;
-  pending: Publication | null;
+/** What a sampling request asks of the replicas: a version floor (X-Min-Policy-Version) and an affinity key (X-Affinity-Key). */
+export interface Pin {
+  floor?: number;
+  affinityKey?: string;
 }
 
-/** A replica as the admin API shows it. */
-export interface ReplicaState extends ReplicaView {
-  syncing_version: number | null;
-  sync_delay_ms: number;
-  paused: boolean;
-  pending_version: number | null;
-}
+const STARTING = new Set(['BUILDING', 'DEPLOYING', 'LOADING_MODEL', 'WAKING_UP', 'UPDATING']);
 
-interface SamplerState {
-  replicas: Replica[];
-  /** Wakes requests waiting for a replica to reach their floor. */
-  waiters: Set<() => void>;
-  roundRobin: number;
-}
+/**
+ * What the sampler plane does for each request: readiness, sampling
+ * parameters with their defaults and limits, the prompt's tokens, sampling
+ * and scoring on the replica that meets the request's floor, and the
+ * OpenAI-style completion. The door only reads headers and shapes replies.
+ */
+export class Sampling {
+  constructor(
+    private readonly fleet: Fleet,
+    private readonly replicas: SamplerReplicas,
+    private readonly engines: EnginePool,
+    private readonly clock: Clock,
+    private readonly settings: Pick<Settings, 'maxTokensLimit'>,
+  ) {}
 
-export interface ReplicaView {
-  replica: number;
-  policy_version: number;
-}
+  /** Refuses what a stopped sampler cannot serve (409) and, while it starts, answers 503 with a retry; a scaled-to-zero one starts waking. */
+  ready(s: SamplerRecord): void {
+    samplerGate(s);
+    this.fleet.wakeSampler(s);
+    if (STARTING.has(s.status) || s.status === 'SCALED_TO_ZERO') {
+      throw new LoopsError('unavailable', `Sampler ${s.id} is ${s.status}; retry shortly.`, { status: s.status, retry_after_s: 1 });
+    }
+  }
 
-export interface FloorMiss {
-  floor: number;
-  replicas: ReplicaView[];
-  published_version: number;
-  /** The floor is above anything the trainer has published: waiting cannot help. */
-  unreachable: boolean;
-  retry_after_s: number;
-}
+  /** `num_samples` continuations of a prompt, with prompt logprobs (and their top k) when asked. */
+  async sample(s: SamplerRecord, body: SampleBody, pin: Pin) {
+    this.ready(s);
+    const tokens = this.promptTokens(s, body.prompt);
+    const params = this.params(s, body.sampling_params ?? {}, tokens.length);
+    const k = body.topk_prompt_logprobs ?? 0;
+    const served = await this.replicas.serve(s, pin.floor, pin.affinityKey, async (adapter) => ({
+      sequences: await this.draw(s, adapter, tokens, body.num_samples ?? 1, params),
+      scores: body.include_prompt_logprobs || k > 0 ? await this.promptScores(s, adapter, tokens, k) : null,
+    }));
+    return withVersion(served, {
+      sequences: served.value.sequences,
+      policy_version: served.policyVersion,
+      prompt_token_ids: tokens,
+      ...(body.include_prompt_logprobs ? { prompt_logprobs: served.value.scores!.logprobs } : {}),
+      ...(k > 0 ? { topk_prompt_logprobs: served.value.scores!.top } : {}),
+    });
+  }
 
-/** A request that found no replica at or above its floor in time (HTTP 408). */
-export class FloorNotReached extends Error {
-  constructor(readonly miss: FloorMiss) {
-    super(miss.unreachable
-      ? `X-Min-Policy-Version ${miss.floor} is above anything published to this sampler (latest ${miss.published_version}): publish with save_weights_for_sampler first.`
-      : `No replica has reached policy version ${miss.floor} yet (replicas at ${miss.replicas.map((r) => r.policy_version).join(', ')}); retry.`);
+  /** The logprob of each prompt token given those before it (null at 0). */
+  async computeLogprobs(s: SamplerRecord, prompt: ModelInputWire, pin: Pin) {
+    this.ready(s);
+    const tokens = this.promptTokens(s, prompt);
+    const served = await this.replicas.serve(s, pin.floor, pin.affinityKey, (adapter) => this.promptScores(s, adapter, tokens, 0));
+    return withVersion(served, { logprobs: served.value.logprobs, policy_version: served.policyVersion });
+  }
+
+  /** An OpenAI/vLLM `text_completion` object; `id` is the completion's id. */
+  async complete(s: SamplerRecord, body: CompletionsBody, id: string, pin: Pin) {
+    this.ready(s);
+    if (body.stream) throw invalid('stream is not supported by loops-mock: send stream: false (or omit it).', { field: 'stream' });
+    const served = this.modelIds(s);
+    if (body.model !== undefined && !served.includes(body.model)) throw new LoopsError('not_found', `model '${body.model}' is not served here; GET {sampler}/v1/models lists ${served.join(', ')}.`, { field: 'model' });
+    const tok = this.engines.tokenizers.get(s.base_model);
+    const tokens = this.promptTokens(s, { chunks: [{ type: 'encoded_text', tokens: typeof body.prompt === 'string' ? tok.encode(body.prompt) : body.prompt }] });
+    const params = this.params(s, { max_tokens: body.max_tokens ?? 16, temperature: body.temperature ?? 1, top_p: body.top_p ?? 1, top_k: body.top_k ?? -1, seed: body.seed ?? null, stop: body.stop }, tokens.length);
+    const wantLogprobs = body.logprobs !== undefined && body.logprobs !== null;
+    const result = await this.replicas.serve(s, pin.floor, pin.affinityKey, async (adapter) => ({
+      sequences: await this.draw(s, adapter, tokens, body.n ?? 1, params),
+      prompt: body.echo && wantLogprobs ? await this.promptScores(s, adapter, tokens, 0) : null,
+    }));
+    const { sequences, prompt } = result.value;
+    const promptText = body.echo ? (typeof body.prompt === 'string' ? body.prompt : tok.decode(tokens)) : '';
+    const choices = sequences.map((seq, index) => {
+      const pieces = seq.tokens.map((t) => tok.decode([t]));
+      const allTokens = body.echo ? [...tokens.map((t) => tok.decode([t])), ...pieces] : pieces;
+      const allLogprobs = body.echo ? [...(prompt?.logprobs ?? tokens.map(() => null)), ...seq.logprobs] : seq.logprobs;
+      let offset = 0;
+      return {
+        index,
+        text: promptText + tok.decode(seq.tokens),
+        logprobs: wantLogprobs ? { tokens: allTokens, token_logprobs: allLogprobs, top_logprobs: null, text_offset: allTokens.map((p) => (offset += p.length) - p.length) } : null,
+        finish_reason: seq.stop_reason,
+      };
+    });
+    const completion = sequences.reduce((n, q) => n + q.tokens.length, 0);
+    return withVersion(result, {
+      id,
+      object: 'text_completion',
+      created: Math.floor(this.clock.now() / 1000),
+      model: body.model ?? s.base_model,
+      choices,
+      usage: { prompt_tokens: tokens.length, completion_tokens: completion, total_tokens: tokens.length + completion },
+      policy_version: result.policyVersion,
+    });
+  }
+
+  /** Served models in vLLM's format: the base model (parent null) and each live adapter (parent = base model). */
+  models(s: SamplerRecord) {
+    samplerGate(s);
+    const created = Math.floor(s.created_at / 1000);
+    const entry = (id: string, parent: string | null) => ({ id, object: 'model', created, owned_by: 'loops-mock', root: s.base_model, parent, max_model_len: s.max_seq_length });
+    return { object: 'list', data: [entry(s.base_model, null), ...this.replicas.liveVersions(s).map((v) => entry(adapterModelId(s, v), s.base_model))] };
+  }
+
+  /** Each replica's live policy version, the highest, and the latest published. */
+  policyVersions(s: SamplerRecord) {
+    samplerGate(s);
+    const replicas = this.replicas.replicas(s);
+    return { policy_version: Math.max(...replicas.map((r) => r.policy_version)), replicas, published_version: this.replicas.publishedVersion(s) };
+  }
+
+  private modelIds(s: SamplerRecord): string[] {
+    return [s.base_model, ...this.replicas.liveVersions(s).map((v) => adapterModelId(s, v))];
+  }
+
+  /** The request's sampling parameters over the SDK's defaults, within the sampler's token budget. */
+  private params(s: SamplerRecord, given: SamplingParamsWire, promptLength: number): SamplingParams {
+    const set = Object.fromEntries(Object.entries(given).filter(([, v]) => v !== undefined && v !== null));
+    const merged = { ...SAMPLING_DEFAULTS, ...set } as SamplingParams;
+    const stop = given.stop === undefined || given.stop === null ? [] : Array.isArray(given.stop) ? given.stop : [given.stop];
+    const cap = this.settings.maxTokensLimit;
+    const limit = Math.min(cap, s.max_seq_length - promptLength);
+    if (merged.max_tokens > limit) throw invalid(`max_tokens ${merged.max_tokens} is over this sampler's limit of ${limit} (max_seq_length ${s.max_seq_length} minus the ${promptLength}-token prompt, at most ${cap}).`, { field: 'max_tokens' });
+    if (merged.top_k === 0) throw invalid('top_k must be -1 (off) or at least 1.', { field: 'top_k' });
+    return { ...merged, stop };
+  }
+
+  /** A prompt's tokens, checked against the sampler's model and max_seq_length. */
+  private promptTokens(s: SamplerRecord, prompt: ModelInputWire): number[] {
+    return modelInputTokens(prompt, 'prompt', { vocabulary: { size: this.engines.vocabSize(s.base_model), model: s.base_model }, maxLength: s.max_seq_length, lengthName: "sampler's max_seq_length", use: 'samples from' });
+  }
+
+  private draw(s: SamplerRecord, adapter: LoraAdapter, prompt: number[], n: number, params: SamplingParams): Promise<SampledSequence[]> {
+    return sampleSequences(this.engines.get(s.base_model), adapter, prompt, n, params, this.engines.tokenizers.get(s.base_model));
+  }
+
+  /** Prompt logprobs (null at 0) and, with k > 0, the top-k tokens at each position. */
+  private async promptScores(s: SamplerRecord, adapter: LoraAdapter, tokens: number[], k: number) {
+    const engine = this.engines.get(s.base_model);
+    const seq = { tokens, targets: [...tokens.slice(1), 0] };
+    if (k > 0) {
+      const { logprobs, top } = await engine.topk([seq], adapter, k);
+      return {
+        logprobs: [null, ...Array.from(logprobs[0]!.subarray(0, tokens.length - 1))],
+        top: [null, ...top[0]!.slice(0, tokens.length - 1).map((t) => t.ids.map((id, j) => [id, t.logprobs[j]!] as [number, number]))],
+      };
+    }
+    const [lp] = await engine.forward([{ ...seq, scored: tokens.slice(1).map((_, i) => i) }], adapter);
+    return { logprobs: [null, ...Array.from(lp!.subarray(0, tokens.length - 1))], top: null };
   }
 }
 
-export interface Served<T> {
-  value: T;
+/** A reply and the replica that served it (the door puts both into headers). */
+export interface ServedReply<T> {
+  reply: T;
   policyVersion: number;
   replica: number;
 }
 
-/**
- * The samplers' replicas: each holds a live adapter and its policy version,
- * syncs publications after its own delay (versions only move forward), and
- * serves requests that meet their version floor.
- */
-export class Sampling {
-  private readonly states = new Map<string, SamplerState>();
-
-  constructor(
-    private readonly fleet: Fleet,
-    private readonly checkpoints: Checkpoints,
-    private readonly engines: EnginePool,
-    private readonly weights: SamplerWeights,
-    private readonly clock: Clock,
-    private readonly options: SamplingOptions,
-    /** Aborted at shutdown or reset: a request waiting for its floor is answered then instead of holding the server open. */
-    private readonly stopSignal: AbortSignal = new AbortController().signal,
-  ) {
-    weights.onPublish((samplerId, publication) => this.sync(samplerId, publication));
-  }
-
-  replicas(s: SamplerRecord): ReplicaView[] {
-    return this.state(s).replicas.map((r) => ({ replica: r.index, policy_version: r.liveVersion }));
-  }
-
-  publishedVersion(s: SamplerRecord): number {
-    return this.weights.version(s.id);
-  }
-
-  /** Live adapters, for /v1/models: each replica's distinct live version. */
-  liveVersions(s: SamplerRecord): number[] {
-    return [...new Set(this.state(s).replicas.filter((r) => r.adapter).map((r) => r.liveVersion))].sort((a, b) => a - b);
-  }
-
-  /**
-   * Runs `work` on a replica whose live version is at least `floor` (the
-   * affinity key's replica when given), waiting up to the floor wait for one.
-   */
-  async serve<T>(s: SamplerRecord, floor: number | undefined, affinityKey: string | undefined, work: (adapter: LoraAdapter) => Promise<T>): Promise<Served<T>> {
-    const state = this.state(s);
-    const pinned = affinityKey === undefined ? undefined : state.replicas[stableHash(affinityKey) % state.replicas.length]!;
-    const pick = (): Replica | undefined => {
-      if (pinned) return floor === undefined || pinned.liveVersion >= floor ? pinned : undefined;
-      const ok = state.replicas.filter((r) => floor === undefined || r.liveVersion >= floor);
-      if (!ok.length) return undefined;
-      return ok[state.roundRobin++ % ok.length];
-    };
-    let replica = pick();
-    if (!replica) {
-      const published = this.weights.version(s.id);
-      if (floor! > published) throw new FloorNotReached(this.miss(s, floor!, true));
-      if (this.options.floorWaitMs <= 0) throw new FloorNotReached(this.miss(s, floor!, false));
-      replica = await new Promise<Replica | undefined>((resolve, reject) => {
-        const check = () => {
-          const r = pick();
-          if (r) { done(); resolve(r); }
-        };
-        const stop = () => { done(); reject(new LoopsError('unavailable', 'loops-mock is shutting down (or was reset) while this request waited for its policy version floor.')); };
-        const timer = this.clock.setTimer(this.options.floorWaitMs, () => { done(); resolve(undefined); });
-        const done = () => { state.waiters.delete(check); timer.cancel(); this.stopSignal.removeEventListener('abort', stop); };
-        if (this.stopSignal.aborted) return stop();
-        this.stopSignal.addEventListener('abort', stop);
-        state.waiters.add(check);
-      });
-      if (!replica) throw new FloorNotReached(this.miss(s, floor!, false));
-    }
-    // The adapter as it is at the start of the request: a sync mid-request does not mix versions.
-    const version = replica.liveVersion;
-    const adapter = replica.adapter ?? this.baseAdapter(s.base_model);
-    const value = await work(adapter);
-    return { value, policyVersion: version, replica: replica.index };
-  }
-
-  private readonly baseAdapters = new Map<string, LoraAdapter>();
-
-  /** The base model as an adapter, one per base model: requests on it share one identity, so they batch and cache. */
-  private baseAdapter(model: string): LoraAdapter {
-    let a = this.baseAdapters.get(model);
-    if (!a) this.baseAdapters.set(model, (a = zeroAdapter(this.engines.get(model).sites)));
-    return a;
-  }
-
-  /** Samples `n` sequences of one prompt. */
-  sample(s: SamplerRecord, adapter: LoraAdapter, prompt: number[], n: number, params: SamplingParams): Promise<SampledSequence[]> {
-    const engine = this.engines.get(s.base_model);
-    return sampleSequences(engine, adapter, prompt, n, params, this.engines.tokenizers.get(s.base_model));
-  }
-
-  /** A prompt's tokens, checked against the sampler's model and max_seq_length. */
-  promptTokens(s: SamplerRecord, prompt: ModelInputWire, field = 'prompt'): number[] {
-    return modelInputTokens(prompt, field, { vocabulary: { size: this.engines.vocabSize(s.base_model), model: s.base_model }, maxLength: s.max_seq_length, lengthName: "sampler's max_seq_length", use: 'samples from' });
-  }
-
-  get maxTokensLimit(): number {
-    return this.options.maxTokensLimit;
-  }
-
-  private miss(s: SamplerRecord, floor: number, unreachable: boolean): FloorMiss {
-    return { floor, replicas: this.replicas(s), published_version: this.weights.version(s.id), unreachable, retry_after_s: Math.max(1, Math.ceil(Math.max(0, ...this.state(s).replicas.map((r) => this.delayOf(r))) / 1000)) };
-  }
-
-  private state(s: SamplerRecord): SamplerState {
-    let state = this.states.get(s.id);
-    if (!state) {
-      state = { replicas: Array.from({ length: s.replicas }, (_, index) => newReplica(index)), waiters: new Set(), roundRobin: 0 };
-      this.states.set(s.id, state);
-      // A standalone sampler of a checkpoint serves that adapter from the start.
-      if (s.model_path) {
-        const where = parseCheckpointPath(s.model_path, 'model_path');
-        const c = this.checkpoints.find(where.runId, where.target, where.name);
-        if (c) {
-          const adapter = readAdapter(this.checkpoints.readFiles(c), this.engines.get(s.base_model).sites, s.base_model);
-          for (const r of state.replicas) r.adapter = adapter;
-        }
-      }
-    }
-    return state;
-  }
-
-  /** Each replica makes a publication live after its own delay; a newer one supersedes an older one still syncing. */
-  private sync(samplerId: string, publication: Publication): void {
-    const s = this.fleet.findSampler(samplerId);
-    if (!s) return;
-    // The replicas exist from the sampler's creation: even a first publication goes live after each one's delay.
-    const state = this.state(s);
-    for (const replica of state.replicas) this.syncReplica(state, replica, publication);
-  }
-
-  private syncReplica(state: SamplerState, replica: Replica, publication: Publication): void {
-    if (publication.version < replica.liveVersion) return;
-    if (replica.paused) {
-      if (!replica.pending || replica.pending.version < publication.version) replica.pending = publication;
-      return;
-    }
-    if (replica.syncing && replica.syncing.version > publication.version) return;
-    replica.syncing?.timer.cancel();
-    const delay = this.delayOf(replica);
-    const goLive = () => {
-      replica.syncing = null;
-      if (publication.version < replica.liveVersion) return;
-      replica.adapter = publication.adapter;
-      replica.liveVersion = publication.version;
-      for (const w of [...state.waiters]) w();
-    };
-    if (delay <= 0) goLive();
-    else replica.syncing = { version: publication.version, timer: this.clock.setTimer(delay, goLive) };
-  }
-
-  private delayOf(replica: Replica): number {
-    if (replica.delayMs !== null) return replica.delayMs;
-    const delays = this.options.weightSyncDelayMs;
-    return delays[Math.min(replica.index, delays.length - 1)] ?? 0;
-  }
-
-  // ---- replica control (admin API) ------------------------------------------
-
-  replicaStates(s: SamplerRecord): ReplicaState[] {
-    return this.state(s).replicas.map((r) => ({
-      replica: r.index, policy_version: r.liveVersion, syncing_version: r.syncing?.version ?? null,
-      sync_delay_ms: this.delayOf(r), paused: r.paused, pending_version: r.pending?.version ?? null,
-    }));
-  }
-
-  /** Grows or shrinks a sampler's replicas; a new replica starts with the newest publication live, as a freshly booted one would. */
-  setReplicaCount(s: SamplerRecord, count: number): void {
-    const state = this.state(s);
-    while (state.replicas.length > count) state.replicas.pop()!.syncing?.timer.cancel();
-    const latest = this.weights.get(s.id);
-    while (state.replicas.length < count) {
-      const r = newReplica(state.replicas.length);
-      if (latest) { r.adapter = latest.adapter; r.liveVersion = latest.version; }
-      else r.adapter = state.replicas[0]?.adapter ?? null;
-      state.replicas.push(r);
-    }
-    this.fleet.setSamplerReplicas(s, count);
-    for (const w of [...state.waiters]) w();
-  }
-
-  /** Sets one replica's sync delay (null: back to the settings') and pauses or resumes its sync. */
-  controlReplica(s: SamplerRecord, index: number, change: { sync_delay_ms?: number | null; paused?: boolean }): ReplicaState {
-    const state = this.state(s);
-    const replica = state.replicas[index];
-    if (!replica) throw notFound(`Sampler ${s.id} has no replica ${index}: it has ${state.replicas.length} (0..${state.replicas.length - 1}).`, { field: 'replica' });
-    if (change.sync_delay_ms !== undefined) replica.delayMs = change.sync_delay_ms;
-    if (change.paused === true) replica.paused = true;
-    if (change.paused === false && replica.paused) {
-      replica.paused = false;
-      const pending = replica.pending;
-      replica.pending = null;
-      if (pending) this.syncReplica(state, replica, pending);
-    }
-    return this.replicaStates(s)[index]!;
-  }
+function withVersion<T>(served: Served<unknown>, reply: T): ServedReply<T> {
+  return { reply, policyVersion: served.policyVersion, replica: served.replica };
 }
 
-function newReplica(index: number): Replica {
-  return { index, liveVersion: 0, adapter: null, syncing: null, delayMs: null, paused: false, pending: null };
+function adapterModelId(s: SamplerRecord, version: number): string {
+  return `${s.id}/policy-v${version}`;
 }
 
+/** A stopped or deleted sampler serves nothing: 409 naming what to do instead. */
 export function samplerGate(s: SamplerRecord): void {
   if (s.deleted || s.status === 'INACTIVE' || s.status === 'DEACTIVATING' || s.status === 'FAILED') {
     throw new LoopsError('conflict', `Sampler ${s.id} is ${s.deleted ? 'deleted' : s.status}: it no longer serves requests. Create a new sampler (POST /v1/loops/samplers).`, { type_detail: 'sampler_inactive', sampler_id: s.id });
   }
 }
-
-function stableHash(key: string): number {
-  return createHash('sha256').update(key).digest().readUInt32LE(0);
-}
-

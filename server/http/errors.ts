@@ -23,7 +23,12 @@ export function sendError(reply: FastifyReply, status: number, type: string, mes
  */
 export function installErrorHandler(app: FastifyInstance, bodyLimit: number): void {
   app.setErrorHandler((err: FastifyError | LoopsError, request, reply) => {
-    if (err instanceof LoopsError) return sendError(reply, STATUS_OF[err.kind], err.kind, err.message, err.details);
+    if (err instanceof LoopsError) {
+      // An error that says when to come back says it in Retry-After too, as HTTP clients read it there.
+      const retry = err.details.retry_after_s;
+      if (typeof retry === 'number') reply.header('retry-after', String(retry));
+      return sendError(reply, STATUS_OF[err.kind], err.kind, err.message, err.details);
+    }
     if (err.validation) {
       const problem = describeValidationErrors(err.validation as never, err.validationContext ?? 'body');
       return sendError(reply, 400, 'invalid_request', problem.message, { field: problem.field, ...(problem.expected ? { expected: problem.expected } : {}) });

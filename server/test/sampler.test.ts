@@ -153,6 +153,7 @@ describe('sampling routes', () => {
     const byText = (await c.call('POST', `${sampler}/sample`, sampleBody({ num_samples: 1, sampling_params: { ...greedy, stop: text.slice(-2) } }))).body.sequences[0];
     expect(byText.stop_reason).toBe('stop');
     const withPrompt = (await c.call('POST', `${sampler}/sample`, sampleBody({ include_prompt_logprobs: true, topk_prompt_logprobs: 3 }))).body;
+    expect(withPrompt.prompt_token_ids).toEqual(promptTokens);
     expect(withPrompt.prompt_logprobs[0]).toBeNull();
     expect(withPrompt.prompt_logprobs).toHaveLength(promptTokens.length);
     expect(withPrompt.topk_prompt_logprobs[0]).toBeNull();
@@ -226,6 +227,7 @@ describe('sampler lifecycle', () => {
     const waking = await c.call('POST', `${sampler}/sample`, sampleBody());
     expect(waking.status).toBe(503);
     expect(waking.body.error.status).toBe('WAKING_UP');
+    expect(waking.headers.get('retry-after')).toBe('1');
     clock.advance(1000);
     expect((await c.call('POST', `${sampler}/sample`, sampleBody())).status).toBe(200);
     const other = await c.run();

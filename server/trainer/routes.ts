@@ -93,12 +93,11 @@ export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore): void {
 
   app.get('/trainer/:run_id/health', {
     schema: { tags, summary: '200 once the trainer is ready (after its cold start), 503 before', params: RunParams, response: { 200: HealthResponse } },
-  }, (req, reply) => {
+  }, (req) => {
     const { record } = target(req);
     const run = activeRun(record);
     if (!core.trainers.isReady(run)) {
       const retry = Math.max(1, Math.ceil(core.fleet.coldStartLeft(run) / 1000));
-      reply.header('retry-after', String(retry));
       throw new LoopsError('unavailable', `The trainer of run ${run.id} is still starting; poll /health again.`, { retry_after_s: retry });
     }
     return { status: 'ok' };

@@ -1,5 +1,5 @@
 /** TypeBox schemas of the sampler data plane (PROTOCOL.md section 5; the route names and bodies are the mock's choice). */
-import Type from 'typebox';
+import Type, { type Static } from 'typebox';
 import { ModelInput } from './trainer.js';
 
 const strict = { additionalProperties: false } as const;
@@ -41,3 +41,7 @@ export const CompletionsRequest = Type.Object({
 }, { additionalProperties: true, title: 'CompletionRequest' });
 
 export const SamplerParams = Type.Object({ sampler_id: Type.String() });
+
+export type SamplingParamsWire = Static<typeof SamplingParams>;
+export type SampleBody = Static<typeof SampleRequest>;
+export type CompletionsBody = Static<typeof CompletionsRequest>;
