@@ -1,6 +1,7 @@
 import { availableParallelism } from 'node:os';
 import * as ort from 'onnxruntime-node';
 import { DeviceUnavailableError } from './device-error.js';
+import { LruMap } from './lru.js';
 import { ADAPTER_CACHE_SIZE, AdapterNotCachedError, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
 import { baseWeights, buildGraph, buildMergeGraph, DECODE_KINDS, type GraphKind } from './transformer.js';
 
@@ -34,8 +35,8 @@ ort.env.logLevel = 'fatal';
 export class GraphRunner {
   private readonly baseFeeds: Record<string, ort.Tensor> = {};
   private readonly sessions = new Map<string, Promise<ort.InferenceSession>>();
-  /** Adapter tensors by adapter id, most recently used last. */
-  private readonly adapters = new Map<string, { version: number; tensors: Record<string, ort.Tensor> }>();
+  /** Adapter tensors by adapter id. */
+  private readonly adapters = new LruMap<string, { version: number; tensors: Record<string, ort.Tensor> }>(ADAPTER_CACHE_SIZE);
 
   constructor(private readonly config: RunnerConfig) {
     for (const w of baseWeights(config.modelName, config.dims)) this.baseFeeds[`base.${w.name}`] = new ort.Tensor('float32', w.data, w.shape);
@@ -61,19 +62,18 @@ export class GraphRunner {
   }
 
   /** W + scale·A·B of the unembedding per adapter version, for the few adapters decoding now (39 MB each). */
-  private readonly merged = new Map<string, { version: number; tensor: Promise<ort.Tensor> }>();
+  private readonly merged = new LruMap<string, { version: number; tensor: Promise<ort.Tensor> }>(MERGED_CACHE_SIZE);
   private mergeSession: Promise<ort.InferenceSession> | null = null;
 
   private async mergedUnembedding(a: RunRequest['adapter'], tensors: Record<string, ort.Tensor>): Promise<ort.Tensor> {
-    const cached = this.merged.get(a.id);
+    // Kept in the order merged: using one does not keep it longer.
+    const cached = this.merged.peek(a.id);
     if (cached && cached.version === a.version) return cached.tensor;
     this.mergeSession ??= ort.InferenceSession.create(buildMergeGraph(this.config.dims), this.sessionOptions(false));
     const tensor = this.mergeSession.then(async (s) => (await s.run({
       'base.embed_t': this.baseFeeds['base.embed_t']!, 'lora.lm_head.A': tensors['lora.lm_head.A']!, 'lora.lm_head.B': tensors['lora.lm_head.B']!, lora_scale: tensors.lora_scale!,
     })).lm_head_merged!);
-    this.merged.delete(a.id);
     this.merged.set(a.id, { version: a.version, tensor });
-    while (this.merged.size > MERGED_CACHE_SIZE) this.merged.delete(this.merged.keys().next().value!);
     return tensor;
   }
 
@@ -81,14 +81,12 @@ export class GraphRunner {
    * Per adapter (its current version): rows decoded, until its unembedding is merged, and rows decoded merged
    * in runs of two or more, until it gets a packed session.
    */
-  private readonly decodeUse = new Map<string, { version: number; rows: number; batched: number }>();
+  private readonly decodeUse = new LruMap<string, { version: number; rows: number; batched: number }>(ADAPTER_CACHE_SIZE);
 
   private useOf(a: RunRequest['adapter']): { version: number; rows: number; batched: number } {
-    let use = this.decodeUse.get(a.id);
+    let use = this.decodeUse.peek(a.id);
     if (use?.version !== a.version) use = { version: a.version, rows: 0, batched: 0 };
-    this.decodeUse.delete(a.id);
     this.decodeUse.set(a.id, use);
-    while (this.decodeUse.size > ADAPTER_CACHE_SIZE) this.decodeUse.delete(this.decodeUse.keys().next().value!);
     return use;
   }
 
@@ -98,14 +96,14 @@ export class GraphRunner {
    * samples of a train-then-sample loop never pay for it, a long or wide sampling phase does once.
    */
   private worthMerging(a: RunRequest['adapter'], batch: number): boolean {
-    if (this.merged.get(a.id)?.version === a.version) return true;
+    if (this.merged.peek(a.id)?.version === a.version) return true;
     const use = this.useOf(a);
     use.rows += batch;
     return use.rows > MERGE_AFTER_DECODED_ROWS;
   }
 
   /** Sessions with one adapter version's merged unembedding built in as a constant, by `id:version:kind`. */
-  private readonly packed = new Map<string, Promise<ort.InferenceSession | null>>();
+  private readonly packed = new LruMap<string, Promise<ort.InferenceSession | null>>(PACKED_CACHE_SIZE);
 
   /**
    * onnxruntime re-packs the right operand of every matrix product of two
@@ -118,11 +116,7 @@ export class GraphRunner {
   private async packedSession(kind: GraphKind, a: RunRequest['adapter'], tensors: Record<string, ort.Tensor>, rows: number): Promise<ort.InferenceSession | null> {
     const key = `${a.id}:${a.version}:${kind}`;
     const found = this.packed.get(key);
-    if (found) {
-      this.packed.delete(key);
-      this.packed.set(key, found);
-      return found;
-    }
+    if (found) return found;
     if (rows < 2 || this.config.device === 'cuda') return null;
     const use = this.useOf(a);
     use.batched += rows;
@@ -132,22 +126,17 @@ export class GraphRunner {
     // A session that fails to build (memory) only costs the speed-up: the run goes on with the weight as an input.
     const session = ort.InferenceSession.create(onnx, this.sessionOptions(false)).catch(() => null);
     this.packed.set(key, session);
-    while (this.packed.size > PACKED_CACHE_SIZE) this.packed.delete(this.packed.keys().next().value!);
     return session;
   }
 
   private adapterTensors(a: RunRequest['adapter']): Record<string, ort.Tensor> {
-    const cached = this.adapters.get(a.id);
     if (!a.feeds) {
-      if (!cached || cached.version !== a.version) throw new AdapterNotCachedError();
-      this.adapters.delete(a.id);
-      this.adapters.set(a.id, cached);
-      return cached.tensors;
+      // Another version held under this id stays where it is: the sender resends its tensors next.
+      if (this.adapters.peek(a.id)?.version !== a.version) throw new AdapterNotCachedError();
+      return this.adapters.get(a.id)!.tensors;
     }
     const tensors = Object.fromEntries(Object.entries(a.feeds).map(([n, f]) => [n, new ort.Tensor(f.type, f.data, f.dims)]));
-    this.adapters.delete(a.id);
     this.adapters.set(a.id, { version: a.version, tensors });
-    while (this.adapters.size > ADAPTER_CACHE_SIZE) this.adapters.delete(this.adapters.keys().next().value!);
     return tensors;
   }
 

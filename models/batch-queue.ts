@@ -1,0 +1,74 @@
+/** What a schedule sees of a queue: how much waits, and how to run the next batch. */
+export interface Batches {
+  readonly size: number;
+  runBatch(): Promise<void>;
+}
+
+/** Decides when batches run; called on every push. */
+export type BatchSchedule = (queue: Batches) => void;
+
+export interface BatchQueueOptions<T, R> {
+  /** Requests of one key may share a batch; others wait for a batch of their own. */
+  keyOf: (request: T) => string;
+  maxBatch: number;
+  /** Computes one batch: one result per request, in order. */
+  run: (batch: T[]) => Promise<R[]>;
+  schedule: BatchSchedule;
+}
+
+/**
+ * Gathers requests that arrive while earlier ones compute, and runs them in
+ * batches: the oldest request with the next ones of its key, oldest first.
+ */
+export class BatchQueue<T, R> implements Batches {
+  private pending: { request: T; resolve: (r: R) => void; reject: (e: Error) => void }[] = [];
+
+  constructor(private readonly options: BatchQueueOptions<T, R>) {}
+
+  get size(): number {
+    return this.pending.length;
+  }
+
+  push(request: T): Promise<R> {
+    return new Promise((resolve, reject) => {
+      this.pending.push({ request, resolve, reject });
+      this.options.schedule(this);
+    });
+  }
+
+  /** Runs one batch of the oldest request's key (nothing if none waits); a failure rejects the whole batch. */
+  async runBatch(): Promise<void> {
+    const head = this.pending[0];
+    if (!head) return;
+    const { keyOf, maxBatch, run } = this.options;
+    const key = keyOf(head.request);
+    const batch = this.pending.filter((p) => keyOf(p.request) === key).slice(0, maxBatch);
+    this.pending = this.pending.filter((p) => !batch.includes(p));
+    try {
+      const results = await run(batch.map((p) => p.request));
+      batch.forEach((p, i) => p.resolve(results[i]!));
+    } catch (err) {
+      for (const p of batch) p.reject(err as Error);
+    }
+  }
+}
+
+/**
+ * Runs batches from the next turn of the event loop until none waits; each
+ * first waits up to `waitMs` (1 ms at a time) while fewer requests wait than
+ * `expected()`, so that requests about to come join it.
+ */
+export function flushSoon(expected: () => number, waitMs: number): BatchSchedule {
+  let flushing = false;
+  return (queue) => {
+    if (flushing) return;
+    flushing = true;
+    setImmediate(async () => {
+      while (queue.size) {
+        for (let waited = 0; queue.size < expected() && waited < waitMs; waited++) await new Promise((r) => setTimeout(r, 1));
+        await queue.runBatch();
+      }
+      flushing = false;
+    });
+  };
+}

@@ -1,0 +1,119 @@
+import { fileURLToPath } from 'node:url';
+import { Worker } from 'node:worker_threads';
+import type { GraphRunner } from './graph-runner.js';
+import { LruMap } from './lru.js';
+import { ADAPTER_CACHE_SIZE, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
+import type { GraphKind } from './transformer.js';
+
+/** Where a ModelEngine's graphs run: on its worker thread, or inline. */
+export interface Runner {
+  run(req: RunRequest): Promise<Record<string, Feed>>;
+  warm(kind: GraphKind): Promise<void>;
+  close?(): Promise<void>;
+}
+
+/** Runs graphs on the calling thread (loads onnxruntime here on first use). */
+export class InlineRunner implements Runner {
+  private runner: Promise<GraphRunner> | null = null;
+  constructor(private readonly config: RunnerConfig) {}
+  private get(): Promise<GraphRunner> {
+    return (this.runner ??= import('./graph-runner.js').then((m) => new m.GraphRunner(this.config)));
+  }
+  async run(req: RunRequest): Promise<Record<string, Feed>> {
+    return (await this.get()).run(req);
+  }
+  async warm(kind: GraphKind): Promise<void> {
+    await (await this.get()).warm(kind);
+  }
+}
+
+/** Runs graphs on a worker thread that owns the weights and sessions; requests and answers are messages. */
+export class WorkerRunner implements Runner {
+  private worker: Worker | null = null;
+  private readonly pending = new Map<number, { resolve: (v: Record<string, Feed>) => void; reject: (e: Error) => void }>();
+  private nextId = 0;
+
+  constructor(private readonly config: RunnerConfig) {}
+
+  /** (adapter id → version) the worker holds, in the same order as its own cache. */
+  private readonly sent = new LruMap<string, number>(ADAPTER_CACHE_SIZE);
+
+  async run(req: RunRequest): Promise<Record<string, Feed>> {
+    const { id, version } = req.adapter;
+    const known = this.sent.peek(id) === version;
+    try {
+      return await this.call({ run: known ? { ...req, adapter: { id, version } } : req });
+    } catch (err) {
+      if ((err as Error).name !== 'AdapterNotCachedError') throw err;
+      this.sent.delete(id);
+      return this.call({ run: req });
+    } finally {
+      this.sent.set(id, version);
+    }
+  }
+
+  async warm(kind: GraphKind): Promise<void> {
+    await this.call({ warm: kind });
+  }
+
+  private closing: Promise<void> | null = null;
+  private drained: (() => void) | null = null;
+
+  /**
+   * Lets graphs already running finish, then stops the worker. Terminating
+   * it while onnxruntime computes aborts the whole process, so a server
+   * closed mid-step waits for the step instead.
+   */
+  close(): Promise<void> {
+    return (this.closing ??= (async () => {
+      if (this.pending.size) await new Promise<void>((resolve) => { this.drained = resolve; });
+      const w = this.worker;
+      this.worker = null;
+      if (w) await w.terminate();
+    })());
+  }
+
+  private call(msg: { run?: RunRequest; warm?: GraphKind }): Promise<Record<string, Feed>> {
+    if (this.closing) return Promise.reject(new Error('The model engine is closed (the server is shutting down).'));
+    const worker = this.start();
+    const id = this.nextId++;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      if (this.pending.size === 1) worker.ref();
+      worker.postMessage({ id, ...msg });
+    });
+  }
+
+  private start(): Worker {
+    if (this.worker) return this.worker;
+    // From source (tests, tsx) the worker is TypeScript and starts through tsx's loader; built, it is plain JavaScript.
+    const fromSource = import.meta.url.endsWith('.ts');
+    const file = fileURLToPath(new URL(fromSource ? './engine-worker-source.mjs' : './engine-worker.js', import.meta.url));
+    const worker = new Worker(file, { workerData: this.config });
+    worker.unref();
+    worker.on('message', (msg: { id: number; outputs?: Record<string, Feed>; error?: { name: string; message: string } }) => {
+      const p = this.pending.get(msg.id);
+      if (!p) return;
+      this.pending.delete(msg.id);
+      if (this.pending.size === 0) {
+        worker.unref();
+        this.drained?.();
+      }
+      if (msg.error) {
+        const err = new Error(msg.error.message);
+        err.name = msg.error.name;
+        p.reject(err);
+      } else {
+        p.resolve(msg.outputs!);
+      }
+    });
+    worker.on('error', (err) => {
+      for (const p of this.pending.values()) p.reject(err);
+      this.pending.clear();
+      this.worker = null;
+      this.drained?.();
+    });
+    this.worker = worker;
+    return worker;
+  }
+}
