@@ -1,32 +1,37 @@
 #!/usr/bin/env node
+import { asksForHelp, parseFlags, type FlagDefinition } from '../server/parse-flags.js';
 import { CHECKS } from './checks.js';
 import { textReport, writeReports } from './report.js';
 import { defaultFixturesDir, readFixtures, replayFixture } from './replay.js';
 import { listCases, mustFailed, runSuite } from './runner.js';
 import { TASKS } from './tasks.js';
 
-const USAGE = `Usage:
-  loops-conformance run --client "<command>" [--scenario NAME ...] [--task NAME ...] [--report-dir DIR] [--timeout S]
+const RUN_USAGE = `  loops-conformance run --client "<command>" [--scenario NAME ...] [--task NAME ...] [--report-dir DIR] [--timeout S]
       Runs each case (a task under a scenario) against a fresh loops-mock and checks the client.
       The client command gets LOOPS_BASE_URL, BASETEN_API_KEY, BASETEN_MANAGEMENT_API_URL_OVERRIDE,
       LOOPS_CONFORMANCE_TASK, LOOPS_CONFORMANCE_INPUT and LOOPS_CONFORMANCE_OUTPUT (docs/conformance.md).
-      Exit status 1 when any MUST check fails.
-  loops-conformance replay --server URL --key KEY [--fixtures DIR] [--flow NAME ...]
+      Exit status 1 when any MUST check fails.`;
+const REPLAY_USAGE = `  loops-conformance replay --server URL --key KEY [--fixtures DIR] [--flow NAME ...]
       Replays the sdk-fixtures flows against any Loops endpoint (loops-mock, or the real service)
-      and reports every difference in status, field names and types. Exit status 1 on any difference.
-  loops-conformance list
+      and reports every difference in status, field names and types. Exit status 1 on any difference.`;
+const LIST_USAGE = `  loops-conformance list
       The cases, tasks and checks.`;
+const USAGE = ['Usage:', RUN_USAGE, REPLAY_USAGE, LIST_USAGE].join('\n');
 
 class UsageError extends Error {}
 
+const RUN_FLAGS: Record<string, FlagDefinition> = {
+  client: { type: 'string' }, scenario: { type: 'string', multiple: true }, task: { type: 'string', multiple: true }, 'report-dir': { type: 'string' }, timeout: { type: 'string' },
+};
+const REPLAY_FLAGS: Record<string, FlagDefinition> = { server: { type: 'string' }, key: { type: 'string' }, fixtures: { type: 'string' }, flow: { type: 'string', multiple: true } };
+
+/** The flags of one subcommand, in the order given; refusals are usage errors (exit status 2). */
+const flagsOf = (argv: string[], definitions: Record<string, FlagDefinition>) => parseFlags(argv, definitions, { error: (message) => new UsageError(message) }).flags;
+
 function parseRunArgs(argv: string[]) {
   const opts = { client: '', scenarios: [] as string[], tasks: [] as string[], reportDir: undefined as string | undefined, timeoutS: 120 };
-  for (let i = 0; i < argv.length; i++) {
-    const m = /^--([a-z-]+)(?:=(.*))?$/s.exec(argv[i]!);
-    if (!m) throw new UsageError(`unexpected argument '${argv[i]}'`);
-    const value = m[2] ?? argv[++i];
-    if (value === undefined) throw new UsageError(`--${m[1]} needs a value`);
-    switch (m[1]) {
+  for (const { name, value } of flagsOf(argv, RUN_FLAGS)) {
+    switch (name) {
       case 'client': opts.client = value; break;
       case 'scenario': opts.scenarios.push(...value.split(',')); break;
       case 'task': opts.tasks.push(...value.split(',')); break;
@@ -37,12 +42,14 @@ function parseRunArgs(argv: string[]) {
         opts.timeoutS = n;
         break;
       }
-      default: throw new UsageError(`unknown flag --${m[1]}`);
     }
   }
   if (!opts.client) throw new UsageError('--client "<command>" is required: the command that runs your driver');
   return opts;
 }
+
+/** Each subcommand's own usage, printed for `loops-conformance <command> --help`. */
+const SUBCOMMAND_USAGE: Record<string, string> = { run: RUN_USAGE, replay: REPLAY_USAGE, list: LIST_USAGE };
 
 async function main(argv: string[]): Promise<number> {
   const [command, ...rest] = argv;
@@ -50,7 +57,13 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(`${USAGE}\n`);
     return command ? 0 : 2;
   }
+  const subcommandUsage = Object.hasOwn(SUBCOMMAND_USAGE, command) ? SUBCOMMAND_USAGE[command] : undefined;
+  if (subcommandUsage && asksForHelp(rest)) {
+    process.stdout.write(`Usage:\n${subcommandUsage}\n`);
+    return 0;
+  }
   if (command === 'list') {
+    flagsOf(rest, {}); // list takes no flags: refuse them rather than ignore them
     const lines = ['Cases (scenario/task: expected outcome):', ...listCases().map((c) => `  ${c.scenario}/${c.task}: ${c.expect}`),
       '', 'Tasks:', ...Object.entries(TASKS).map(([t, d]) => `  ${t}: ${d}`),
       '', 'Checks:', ...CHECKS.map((c) => `  ${c.id.padEnd(8)} ${c.level.padEnd(6)} ${c.rule}`)];
@@ -81,16 +94,11 @@ async function main(argv: string[]): Promise<number> {
 
 async function replay(argv: string[]): Promise<number> {
   const opts = { server: '', key: '', fixtures: undefined as string | undefined, flows: [] as string[] };
-  for (let i = 0; i < argv.length; i++) {
-    const m = /^--([a-z-]+)(?:=(.*))?$/s.exec(argv[i]!);
-    if (!m) throw new UsageError(`unexpected argument '${argv[i]}'`);
-    const value = m[2] ?? argv[++i];
-    if (value === undefined) throw new UsageError(`--${m[1]} needs a value`);
-    if (m[1] === 'server') opts.server = value;
-    else if (m[1] === 'key') opts.key = value;
-    else if (m[1] === 'fixtures') opts.fixtures = value;
-    else if (m[1] === 'flow') opts.flows.push(...value.split(','));
-    else throw new UsageError(`unknown flag --${m[1]}`);
+  for (const { name, value } of flagsOf(argv, REPLAY_FLAGS)) {
+    if (name === 'server') opts.server = value;
+    else if (name === 'key') opts.key = value;
+    else if (name === 'fixtures') opts.fixtures = value;
+    else opts.flows.push(...value.split(','));
   }
   if (!/^https?:\/\//.test(opts.server)) throw new UsageError('--server URL is required: the control plane URL of the endpoint to replay against');
   if (!opts.key) throw new UsageError('--key KEY is required: an API key of that endpoint');

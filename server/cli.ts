@@ -1,6 +1,7 @@
 #!/usr/bin/env node
-import { ConfigError, parseOptions, usage } from './config.js';
+import { ConfigError, parseOptions, parsePort, usage } from './config.js';
 import { startServer } from './index.js';
+import { asksForHelp, parseFlags, type FlagDefinition } from './parse-flags.js';
 import { startRecorder } from './record/recorder.js';
 import { VERSION } from './version.js';
 
@@ -9,28 +10,25 @@ const RECORD_USAGE = `Usage: loops-mock record --upstream URL --out DIR [--flow 
   exchange is written to DIR/NAME.json (default NAME: recorded) as an sdk-fixtures flow,
   ids as placeholders, API keys never written. Replay with loops-conformance replay.`;
 
+const RECORD_FLAGS: Record<string, FlagDefinition> = { upstream: { type: 'string' }, out: { type: 'string' }, flow: { type: 'string' }, port: { type: 'string' }, host: { type: 'string' } };
+
 /** `loops-mock record ...`: the recording proxy. */
 async function record(argv: string[]): Promise<void> {
-  if (argv.includes('--help')) {
+  if (asksForHelp(argv)) {
     process.stdout.write(`${RECORD_USAGE}\n`);
     return;
   }
   const opts: { upstream?: string; out?: string; flow: string; port: number; host: string } = { flow: 'recorded', port: 0, host: '127.0.0.1' };
-  for (let i = 0; i < argv.length; i++) {
-    const m = /^--([a-z-]+)(?:=(.*))?$/s.exec(argv[i]!);
-    if (!m) throw new ConfigError(`unexpected argument '${argv[i]}'`);
-    const value = m[2] ?? argv[++i];
-    if (value === undefined || value === '') throw new ConfigError(`--${m[1]} needs a value`);
-    if (m[1] === 'upstream') opts.upstream = value;
-    else if (m[1] === 'out') opts.out = value;
-    else if (m[1] === 'flow') {
+  const { flags } = parseFlags(argv, RECORD_FLAGS, { error: (message) => new ConfigError(message), unknownFlagSuffix: ' for record' });
+  for (const { name, value } of flags) {
+    if (value === '') throw new ConfigError(`--${name} needs a value`);
+    if (name === 'upstream') opts.upstream = value;
+    else if (name === 'out') opts.out = value;
+    else if (name === 'flow') {
       if (!/^[A-Za-z0-9._-]+$/.test(value)) throw new ConfigError(`--flow must be a file name (letters, digits, . _ -), got '${value}'`);
       opts.flow = value;
-    } else if (m[1] === 'port') {
-      opts.port = Number(value);
-      if (!Number.isInteger(opts.port) || opts.port < 0 || opts.port > 65535) throw new ConfigError(`--port must be a whole number from 0 to 65535, got '${value}'`);
-    } else if (m[1] === 'host') opts.host = value;
-    else throw new ConfigError(`unknown flag --${m[1]} for record`);
+    } else if (name === 'port') opts.port = parsePort(value);
+    else opts.host = value;
   }
   if (!opts.upstream || !/^https?:\/\//.test(opts.upstream)) throw new ConfigError('record needs --upstream URL: the Loops endpoint to record (http or https)');
   if (!opts.out) throw new ConfigError('record needs --out DIR: where the fixture is written');
@@ -45,7 +43,7 @@ async function record(argv: string[]): Promise<void> {
 async function main(argv: string[]): Promise<void> {
   if (argv[0] === 'record') return record(argv.slice(1));
   const args = argv[0] === 'serve' ? argv.slice(1) : argv;
-  if (args.includes('--help') || args.includes('-h')) {
+  if (asksForHelp(args)) {
     process.stdout.write(`${usage()}\n`);
     return;
   }

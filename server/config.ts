@@ -1,12 +1,14 @@
 import type { ApiKeySpec } from './core/accounts.js';
 import { DEFAULT_UNEMBEDDING_RANK } from '../models/transformer.js';
 import { MAX_LORA_RANK } from './core/fleet.js';
+import { LIVE_SETTING_ROWS, type Settings, type SettingWithFlag } from './core/settings.js';
+import { parseFlags, type FlagDefinition } from './parse-flags.js';
 
 export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 export type LogLevelName = (typeof LOG_LEVELS)[number];
 
-/** Everything the server can be told, by flag, environment variable or the programmatic API. */
-export interface ServerOptions {
+/** The options that only matter when the server starts; the live settings' options come from the core's table. */
+interface StartupOptions {
   port: number;
   host: string;
   /** The URL put into `base_url` fields; defaults to where the server listens. */
@@ -18,22 +20,8 @@ export interface ServerOptions {
   logLevel: LogLevelName;
   /** Largest request body, in bytes. */
   bodyLimit: number;
-  /** How long new trainers and samplers take to become ready. */
-  coldStartMs: number;
-  /** How long a sampler stays DEACTIVATING. */
-  deactivationMs: number;
-  /** Replicas of each new sampler. */
-  samplerReplicas: number;
   /** Lifetime of presigned checkpoint-file URLs. */
   presignTtlSeconds: number;
-  /** Per-replica delay before a published adapter goes live (the last value repeats). */
-  weightSyncDelayMs: number[];
-  /** How long a sampling request below its version floor waits before 408. */
-  floorWaitMs: number;
-  /** Long-poll window of operation polls (under the clients' 30 s). */
-  longPollMs: number;
-  /** How long a finished operation's result stays retrievable. */
-  operationTtlMs: number;
   /** Where the model engine computes: cpu, or cuda where onnxruntime-node has its CUDA provider. */
   device: 'cpu' | 'cuda';
   /** Largest LoRA rank on the unembedding; a run's rank above it is capped there (see DEFAULT_UNEMBEDDING_RANK). */
@@ -57,41 +45,49 @@ export interface ServerOptions {
   faultSeed: number;
 }
 
-export const DEFAULTS: ServerOptions = {
-  port: 8787,
-  host: '127.0.0.1',
-  apiKeys: [],
-  logLevel: 'warn',
-  bodyLimit: 32 * 1024 * 1024,
-  coldStartMs: 0,
-  deactivationMs: 0,
-  samplerReplicas: 1,
-  presignTtlSeconds: 3600,
-  device: 'cpu',
-  unembeddingRank: DEFAULT_UNEMBEDDING_RANK,
-  tokenizers: {},
-  weightSyncDelayMs: [0],
-  floorWaitMs: 2000,
-  longPollMs: 25_000,
-  operationTtlMs: 600_000,
-  admin: false,
-  clockMode: 'real',
-  journalSize: 10_000,
-  journalDetail: 'summary',
-  faultSeed: 1,
-};
+/**
+ * Everything the server can be told, by flag, environment variable or the
+ * programmatic API: the start-up options and the live settings that have a
+ * flag (their starting values; see LIVE_SETTINGS in server/core/settings.ts).
+ */
+export interface ServerOptions extends StartupOptions, Pick<Settings, SettingWithFlag> {}
 
 export class ConfigError extends Error {}
 
-type Setter = (options: ServerOptions, value: string) => void;
-
-interface FlagSpec {
+/**
+ * One row of the settings table: a flag of `loops-mock serve`, a live
+ * setting, or both. Start-up-only rows (port, journal, ...) have no wire
+ * name; live settings that the admin API and scenarios change but no flag
+ * sets (max_tokens_limit, ...) have no flag.
+ */
+export interface SettingRow {
+  /** camelCase: the ServerOptions field, and for a live setting also its Settings field. */
+  option: string;
+  /** The flag without its dashes, when it has one. */
+  flag?: string;
+  /** The LOOPS_MOCK_* variable that sets what the flag does. */
+  env?: string;
+  /** Live settings only: the snake_case name in the admin API and scenarios. */
+  wire?: string;
+  /** Changes while the server runs (admin API, scenarios); otherwise read once at start. */
+  live: boolean;
+  default: unknown;
+  /** The default as --help and the README's flag table write it. */
+  shownDefault: string;
   help: string;
-  set: Setter;
-  repeatable?: boolean;
-  /** A switch: `--flag` alone means true; `--flag=false` (or env 0/false) turns it off. */
-  boolean?: boolean;
+  /** `--flag` alone means true; `--flag=false` (or env 0/false) turns it off. */
+  switch: boolean;
+  /** May be given more than once; each value adds to the ones before. */
+  repeatable: boolean;
+  /** Flags replace what the environment gave instead of adding to it. */
+  flagsReplaceEnv: boolean;
+  /** Reads one flag or environment value into `options`; throws ConfigError naming the flag. */
+  set?: (options: ServerOptions, value: string) => void;
 }
+
+export type FlagRow = SettingRow & Required<Pick<SettingRow, 'flag' | 'env' | 'set'>>;
+
+export const envName = (flag: string) => `LOOPS_MOCK_${flag.toUpperCase().replace(/-/g, '_')}`;
 
 function truth(flag: string, value: string): boolean {
   if (/^(1|true|yes|on)$/i.test(value)) return true;
@@ -99,7 +95,7 @@ function truth(flag: string, value: string): boolean {
   throw new ConfigError(`--${flag} is a switch: give it alone, or as --${flag}=true / --${flag}=false, got '${value}'`);
 }
 
-function integer(flag: string, min: number, max: number): (value: string) => number {
+function wholeNumber(flag: string, [min, max]: readonly [number, number]): (value: string) => number {
   return (value) => {
     const n = Number(value);
     if (!/^\d+$/.test(value.trim()) || !Number.isSafeInteger(n) || n < min || n > max) throw new ConfigError(`--${flag} must be a whole number from ${min} to ${max}, got '${value}'`);
@@ -107,104 +103,188 @@ function integer(flag: string, min: number, max: number): (value: string) => num
   };
 }
 
+const notEmpty = (flag: string) => (value: string) => {
+  if (!value) throw new ConfigError(`--${flag} must not be empty`);
+  return value;
+};
+
+function oneOf<const T extends string>(flag: string, choices: readonly T[], say: string): (value: string) => T {
+  return (value) => {
+    if (!(choices as readonly string[]).includes(value)) throw new ConfigError(`--${flag} must be ${say}, got '${value}'`);
+    return value as T;
+  };
+}
+
+/** `--port` of `loops-mock serve` and of `loops-mock record`. */
+export const parsePort = wholeNumber('port', [0, 65535]);
+
 export function parseApiKey(value: string): ApiKeySpec {
   const [key, org, team, ...rest] = value.split(':');
   if (!key || rest.length || org === '' || team === '') throw new ConfigError(`--api-key must be KEY, KEY:ORG or KEY:ORG:TEAM with no empty part, got '${value}'`);
   return { key, org, team };
 }
 
-export const FLAGS: Record<string, FlagSpec> = {
-  port: { help: 'port to listen on; 0 picks a free one (default 8787)', set: (o, v) => { o.port = integer('port', 0, 65535)(v); } },
-  host: { help: 'address to listen on (default 127.0.0.1)', set: (o, v) => { if (!v) throw new ConfigError('--host must not be empty'); o.host = v; } },
-  'public-url': {
-    help: 'URL put into base_url fields (default: where the server listens)',
-    set: (o, v) => {
+type StartupKey = keyof StartupOptions;
+
+/** A start-up-only row as written below; `startupRows` adds what follows from it. */
+interface StartupRowSpec<K extends StartupKey> {
+  flag: string;
+  default: StartupOptions[K];
+  /** How --help and README show a default that is not a plain value (none, a description). */
+  shown?: string;
+  help: string;
+  switch?: true;
+  /** Repeatable: each value adds to `previous`; with 'flags replace env', flags start again from the default. */
+  repeatable?: 'adds to env' | 'flags replace env';
+  /** One flag or environment value, given what the option holds so far (for repeatable flags). */
+  parse: (value: string, previous: StartupOptions[K]) => StartupOptions[K];
+}
+
+type StartupRowSpecs<K extends StartupKey> = { [P in K]: StartupRowSpec<P> };
+
+/** How a plain default is shown: numbers and words as they are, a switch as off/on, a list with commas, null (unset) as none. */
+function showDefault(value: unknown, shown: string | undefined, flag: string): string {
+  if (shown !== undefined) return shown;
+  if (value === null) return 'none';
+  if (typeof value === 'number' || typeof value === 'string') return String(value);
+  if (typeof value === 'boolean') return value ? 'on' : 'off';
+  if (Array.isArray(value) && value.every((v) => typeof v === 'number')) return value.join(',');
+  throw new Error(`settings table: --${flag} needs a 'shown' default`);
+}
+
+function startupRows<K extends StartupKey>(specs: StartupRowSpecs<K>): FlagRow[] {
+  return (Object.keys(specs) as K[]).map((option) => {
+    const spec = specs[option] as StartupRowSpec<K>;
+    return {
+      option, flag: spec.flag, env: envName(spec.flag), live: false,
+      default: spec.default, shownDefault: showDefault(spec.default, spec.shown, spec.flag), help: spec.help,
+      switch: spec.switch ?? false, repeatable: spec.repeatable !== undefined, flagsReplaceEnv: spec.repeatable === 'flags replace env',
+      set: (options: StartupOptions, value) => { options[option] = spec.parse(value, options[option]); },
+    };
+  });
+}
+
+/** The core's live settings as rows: a flag (named after the wire name) for those that have one. */
+function liveRows(): SettingRow[] {
+  return LIVE_SETTING_ROWS.map((row) => {
+    const common = {
+      option: row.key, wire: row.wire, live: true, default: row.default, help: row.help,
+      switch: false, repeatable: false, flagsReplaceEnv: false,
+    };
+    if (!row.flag) return { ...common, shownDefault: showDefault(row.default, undefined, row.wire) };
+    const flag = row.wire.replace(/_/g, '-');
+    const whole = wholeNumber(flag, row.flagRange ?? row.range);
+    // A list flag is a comma list; a nullable setting has no flag (nothing to say "off" with), so none reaches here.
+    const parse = row.shape === 'list' ? (v: string) => v.split(',').map((x) => whole(x.trim())) : whole;
+    return {
+      ...common, flag, env: envName(flag), shownDefault: showDefault(row.default, undefined, flag),
+      set: (options: ServerOptions, value: string) => { (options as unknown as Record<string, unknown>)[row.key] = parse(value); },
+    };
+  });
+}
+
+const LISTENING_ROWS: StartupRowSpecs<'port' | 'host' | 'publicUrl' | 'dataDir' | 'apiKeys' | 'logLevel' | 'bodyLimit'> = {
+  port: { flag: 'port', default: 8787, help: 'port to listen on; 0 picks a free one', parse: parsePort },
+  host: { flag: 'host', default: '127.0.0.1', help: 'address to listen on', parse: notEmpty('host') },
+  publicUrl: {
+    flag: 'public-url', default: undefined, shown: 'where it listens', help: 'URL put into base_url fields',
+    parse: (v) => {
       let url: URL;
       try { url = new URL(v); } catch { throw new ConfigError(`--public-url must be an absolute http(s) URL, got '${v}'`); }
       if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new ConfigError(`--public-url must use http or https, got '${v}'`);
-      o.publicUrl = v.replace(/\/+$/, '');
+      return v.replace(/\/+$/, '');
     },
   },
-  'data-dir': { help: 'folder for durable state (default: state lives in memory)', set: (o, v) => { if (!v) throw new ConfigError('--data-dir must not be empty'); o.dataDir = v; } },
-  'api-key': { help: 'KEY[:ORG[:TEAM]]; repeatable; when given, only these keys are accepted', repeatable: true, set: (o, v) => { o.apiKeys.push(...v.split(',').map(parseApiKey)); } },
-  'log-level': {
-    help: `server log level on stderr: ${LOG_LEVELS.join(', ')} (default warn)`,
-    set: (o, v) => { if (!(LOG_LEVELS as readonly string[]).includes(v)) throw new ConfigError(`--log-level must be one of ${LOG_LEVELS.join(', ')}, got '${v}'`); o.logLevel = v as LogLevelName; },
+  dataDir: { flag: 'data-dir', default: undefined, shown: 'none: in memory', help: 'folder for durable state', parse: notEmpty('data-dir') },
+  apiKeys: {
+    flag: 'api-key', default: [], shown: 'any key', repeatable: 'flags replace env',
+    help: 'KEY[:ORG[:TEAM]]; repeatable; when given, only these keys are accepted',
+    parse: (v, keys) => [...keys, ...v.split(',').map(parseApiKey)],
   },
-  'body-limit': { help: 'largest request body in bytes (default 33554432)', set: (o, v) => { o.bodyLimit = integer('body-limit', 1024, 2 ** 31)(v); } },
-  'cold-start-ms': { help: 'time for a new trainer or sampler to become ready (default 0)', set: (o, v) => { o.coldStartMs = integer('cold-start-ms', 0, 86_400_000)(v); } },
-  'deactivation-ms': { help: 'time a sampler stays DEACTIVATING (default 0)', set: (o, v) => { o.deactivationMs = integer('deactivation-ms', 0, 86_400_000)(v); } },
-  'sampler-replicas': { help: 'replicas per sampler (default 1)', set: (o, v) => { o.samplerReplicas = integer('sampler-replicas', 1, 64)(v); } },
-  'weight-sync-delay-ms': {
-    help: 'delay before a sampler replica makes published weights live; a comma list gives each replica its own (default 0)',
-    set: (o, v) => { o.weightSyncDelayMs = v.split(',').map((x) => integer('weight-sync-delay-ms', 0, 86_400_000)(x.trim())); },
+  logLevel: { flag: 'log-level', default: 'warn', help: `server log level on stderr: ${LOG_LEVELS.join(', ')}`, parse: oneOf('log-level', LOG_LEVELS, `one of ${LOG_LEVELS.join(', ')}`) },
+  bodyLimit: { flag: 'body-limit', default: 32 * 1024 * 1024, help: 'largest request body in bytes', parse: wholeNumber('body-limit', [1024, 2 ** 31]) },
+};
+
+const ENGINE_AND_ADMIN_ROWS: StartupRowSpecs<Exclude<StartupKey, keyof typeof LISTENING_ROWS>> = {
+  device: { flag: 'device', default: 'cpu', help: "where the model engine computes: cpu, or cuda where onnxruntime-node's CUDA provider is installed", parse: oneOf('device', ['cpu', 'cuda'], 'cpu or cuda') },
+  unembeddingRank: {
+    flag: 'unembedding-rank', default: DEFAULT_UNEMBEDDING_RANK,
+    help: `largest LoRA rank on the unembedding (lm_head), 1..${MAX_LORA_RANK}; a run's lora_rank above it is capped there, as adapter_config.json's rank_pattern says; it holds rank × vocabulary floats per adapter`,
+    parse: wholeNumber('unembedding-rank', [1, MAX_LORA_RANK]),
   },
-  'floor-wait-ms': { help: 'how long a sampling request below X-Min-Policy-Version waits for a replica before 408 (default 2000)', set: (o, v) => { o.floorWaitMs = integer('floor-wait-ms', 0, 600_000)(v); } },
-  'long-poll-ms': { help: 'long-poll window of GET .../operations/{id}, then 408 (default 25000, below 30000)', set: (o, v) => { o.longPollMs = integer('long-poll-ms', 1, 29_999)(v); } },
-  'operation-ttl-ms': { help: 'how long a finished operation stays retrievable, then 404 (default 600000)', set: (o, v) => { o.operationTtlMs = integer('operation-ttl-ms', 1, 7 * 86_400_000)(v); } },
-  device: {
-    help: 'where the model engine computes: cpu (default) or cuda (needs onnxruntime-node\'s CUDA provider)',
-    set: (o, v) => { if (v !== 'cpu' && v !== 'cuda') throw new ConfigError(`--device must be cpu or cuda, got '${v}'`); o.device = v; },
-  },
-  'unembedding-rank': {
-    help: `largest LoRA rank on the unembedding (lm_head), 1..128; a run's lora_rank above it is capped there, as adapter_config.json's rank_pattern says (default ${DEFAULT_UNEMBEDDING_RANK}: rank × vocabulary floats per adapter)`,
-    set: (o, v) => { o.unembeddingRank = integer('unembedding-rank', 1, MAX_LORA_RANK)(v); },
-  },
-  tokenizer: {
+  tokenizers: {
+    flag: 'tokenizer', default: {}, shown: 'built in', repeatable: 'adds to env',
     help: 'NAME=PATH: use the tokenizer.json at PATH (a file or its folder) for base model NAME; repeatable',
-    repeatable: true,
-    set: (o, v) => {
+    parse: (v, tokenizers) => {
+      const next = { ...tokenizers };
       for (const pair of v.split(',')) {
         const eq = pair.indexOf('=');
         if (eq <= 0 || eq === pair.length - 1) throw new ConfigError(`--tokenizer must be NAME=PATH, e.g. Qwen/Qwen3-8B=./tokenizer.json, got '${pair}'`);
-        o.tokenizers = { ...o.tokenizers, [pair.slice(0, eq)]: pair.slice(eq + 1) };
+        next[pair.slice(0, eq)] = pair.slice(eq + 1);
       }
+      return next;
     },
   },
-  admin: { help: 'serve the admin API under /_mock/ (faults, journal, scenarios, clock; see docs/admin.md)', boolean: true, set: (o, v) => { o.admin = truth('admin', v); } },
-  'admin-token': { help: 'require Authorization: Bearer TOKEN on the admin API', set: (o, v) => { if (!v) throw new ConfigError('--admin-token must not be empty'); o.adminToken = v; } },
-  clock: {
-    help: 'real (default), or virtual: time stands still until POST /_mock/clock/advance moves it',
-    set: (o, v) => { if (v !== 'real' && v !== 'virtual') throw new ConfigError(`--clock must be real or virtual, got '${v}'`); o.clockMode = v; },
-  },
-  journal: { help: 'also append every journal entry to this file as NDJSON', set: (o, v) => { if (!v) throw new ConfigError('--journal must not be empty'); o.journalFile = v; } },
-  'journal-size': { help: 'requests the journal keeps in memory (default 10000)', set: (o, v) => { o.journalSize = integer('journal-size', 1, 10_000_000)(v); } },
-  'journal-detail': {
-    help: 'summary (default): bodies cut to a few items; full: whole request and response bodies',
-    set: (o, v) => { if (v !== 'summary' && v !== 'full') throw new ConfigError(`--journal-detail must be summary or full, got '${v}'`); o.journalDetail = v; },
-  },
-  scenario: { help: 'a scenario file (JSON or YAML) or a shipped scenario name, applied at start', set: (o, v) => { if (!v) throw new ConfigError('--scenario must not be empty'); o.scenario = v; } },
-  'fault-seed': { help: 'seed of fault rules that give none (default 1)', set: (o, v) => { o.faultSeed = integer('fault-seed', 0, 2 ** 32 - 1)(v); } },
-  'presign-ttl-s': { help: 'lifetime of checkpoint download URLs in seconds (default 3600)', set: (o, v) => { o.presignTtlSeconds = integer('presign-ttl-s', 1, 7 * 86400)(v); } },
+  admin: { flag: 'admin', default: false, switch: true, help: 'serve the admin API under /_mock/ (faults, journal, scenarios, clock; see docs/admin.md)', parse: (v) => truth('admin', v) },
+  adminToken: { flag: 'admin-token', default: undefined, shown: 'none', help: 'require Authorization: Bearer TOKEN on the admin API', parse: notEmpty('admin-token') },
+  clockMode: { flag: 'clock', default: 'real', help: 'real, or virtual: time stands still until POST /_mock/clock/advance moves it', parse: oneOf('clock', ['real', 'virtual'], 'real or virtual') },
+  journalFile: { flag: 'journal', default: undefined, shown: 'none', help: 'also append every journal entry to this file as NDJSON', parse: notEmpty('journal') },
+  journalSize: { flag: 'journal-size', default: 10_000, help: 'requests the journal keeps in memory', parse: wholeNumber('journal-size', [1, 10_000_000]) },
+  journalDetail: { flag: 'journal-detail', default: 'summary', help: 'summary: bodies cut to a few items; full: whole request and response bodies', parse: oneOf('journal-detail', ['summary', 'full'], 'summary or full') },
+  scenario: { flag: 'scenario', default: undefined, shown: 'none', help: 'a scenario file (JSON or YAML) or a shipped scenario name, applied at start', parse: notEmpty('scenario') },
+  faultSeed: { flag: 'fault-seed', default: 1, help: 'seed of fault rules that give none', parse: wholeNumber('fault-seed', [0, 2 ** 32 - 1]) },
+  presignTtlSeconds: { flag: 'presign-ttl-s', default: 3600, help: 'lifetime of checkpoint download URLs in seconds', parse: wholeNumber('presign-ttl-s', [1, 7 * 86400]) },
 };
 
-export const envName = (flag: string) => `LOOPS_MOCK_${flag.toUpperCase().replace(/-/g, '_')}`;
+/**
+ * The settings table: every flag of `loops-mock serve` and every live
+ * setting, in --help order. Flags, variables, defaults, checks and help all
+ * come from it; README's flag table is checked against it
+ * (server/test/settings-table.test.ts).
+ */
+export const SETTINGS_TABLE: readonly SettingRow[] = [...startupRows(LISTENING_ROWS), ...liveRows(), ...startupRows(ENGINE_AND_ADMIN_ROWS)];
+
+export const FLAG_ROWS: readonly FlagRow[] = SETTINGS_TABLE.filter((row): row is FlagRow => row.flag !== undefined);
+const FLAG_BY_NAME = new Map(FLAG_ROWS.map((row) => [row.flag, row]));
+const FLAG_DEFINITIONS: Record<string, FlagDefinition> = Object.fromEntries(
+  FLAG_ROWS.map((row) => [row.flag, { type: row.switch ? 'boolean' : 'string', multiple: row.repeatable }]),
+);
+
+export const DEFAULTS: ServerOptions = Object.fromEntries(
+  FLAG_ROWS.filter((row) => row.default !== undefined).map((row) => [row.option, row.default]),
+) as unknown as ServerOptions;
+
+/** The live settings' starting values from the options, for LoopsCore; the others keep the core's defaults. */
+export function liveSettingsOf(options: ServerOptions): Partial<Settings> {
+  return Object.fromEntries(FLAG_ROWS.filter((row) => row.live).map((row) => [row.option, options[row.option as keyof ServerOptions]]));
+}
 
 /** Options from `LOOPS_MOCK_*` variables, then flags (flags win). Throws ConfigError with a one-line message. */
 export function parseOptions(argv: string[], env: NodeJS.ProcessEnv = {}): ServerOptions {
-  const options: ServerOptions = { ...DEFAULTS, apiKeys: [], tokenizers: {} };
-  for (const [flag, spec] of Object.entries(FLAGS)) {
-    const value = env[envName(flag)];
-    if (value !== undefined && value !== '') spec.set(options, value);
+  // A fresh copy: repeatable flags build on the default list and map.
+  const options = structuredClone(DEFAULTS);
+  for (const row of FLAG_ROWS) {
+    const value = env[row.env];
+    if (value !== undefined && value !== '') row.set(options, value);
   }
-  let keysFromFlags = false;
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i]!;
-    const m = /^--([a-z-]+)(?:=(.*))?$/s.exec(arg);
-    if (!m) throw new ConfigError(`unexpected argument '${arg}'`);
-    const [, flag, inline] = m as unknown as [string, string, string | undefined];
-    const spec = FLAGS[flag];
-    if (!spec) throw new ConfigError(`unknown flag --${flag}`);
-    const value = spec.boolean ? inline ?? 'true' : inline ?? argv[++i];
-    if (value === undefined) throw new ConfigError(`--${flag} needs a value`);
-    // Keys given as flags replace those from the environment rather than adding to them.
-    if (flag === 'api-key' && !keysFromFlags) { options.apiKeys = []; keysFromFlags = true; }
-    spec.set(options, value);
+  const replacedEnv = new Set<FlagRow>();
+  for (const { name, value } of parseFlags(argv, FLAG_DEFINITIONS, { error: (message) => new ConfigError(message) }).flags) {
+    const row = FLAG_BY_NAME.get(name)!;
+    if (row.flagsReplaceEnv && !replacedEnv.has(row)) {
+      (options as unknown as Record<string, unknown>)[row.option] = structuredClone(row.default);
+      replacedEnv.add(row);
+    }
+    row.set(options, value);
   }
   return options;
 }
 
+/** A row's help with its default, as --help prints it. */
+export function helpOf(row: SettingRow): string {
+  return row.shownDefault === 'none' ? row.help : `${row.help} (default ${row.shownDefault})`;
+}
+
 export function usage(): string {
-  const lines = Object.entries(FLAGS).map(([flag, spec]) => `  --${flag.padEnd(18)} ${spec.help}\n  ${''.padEnd(20)} env ${envName(flag)}`);
+  const lines = FLAG_ROWS.map((row) => `  --${row.flag.padEnd(18)} ${helpOf(row)}\n  ${''.padEnd(20)} env ${row.env}`);
   return ['Usage: loops-mock [serve] [flags]', '', 'Flags:', ...lines, '  --help              this text', '  --version           print the version'].join('\n');
 }

@@ -3,6 +3,7 @@ import Type from 'typebox';
 import { FAULT_ACTIONS } from '../core/faults.js';
 import { SURFACES } from '../core/journal.js';
 import { PROGRESS_MODES } from '../core/progress.js';
+import { LIVE_SETTING_ROWS, type LiveSettingRow } from '../core/settings.js';
 
 const strict = { additionalProperties: false } as const;
 const OneOrMany = (item: ReturnType<typeof Type.String>) => Type.Union([item, Type.Array(item, { minItems: 1 })]);
@@ -79,20 +80,21 @@ export const ProgressRule = Type.Object({
   remaining: Type.Union([Type.Integer(), Type.Null()]),
 }, { title: 'ProgressRule' });
 
-const NullableWhole = Type.Union([Whole({ maximum: 86_400_000 }), Type.Null()]);
+/** The schema of one live setting's value, from its row: the range, and a list or null where the shape allows. */
+function settingValueSchema(row: LiveSettingRow) {
+  const one = () => Type.Integer({ minimum: row.range[0], maximum: row.range[1] });
+  switch (row.shape) {
+    case 'whole': return one();
+    case 'list': return Type.Union([one(), Type.Array(one(), { minItems: 1 })]);
+    case 'nullable': return Type.Union([one(), Type.Null()]);
+  }
+}
 
-export const SettingsPatch = Type.Object({
-  cold_start_ms: Type.Optional(Whole({ maximum: 86_400_000 })),
-  deactivation_ms: Type.Optional(Whole({ maximum: 86_400_000 })),
-  sampler_replicas: Type.Optional(Type.Integer({ minimum: 1, maximum: 64 })),
-  weight_sync_delay_ms: Type.Optional(Type.Union([Whole({ maximum: 86_400_000 }), Type.Array(Whole({ maximum: 86_400_000 }), { minItems: 1 })])),
-  floor_wait_ms: Type.Optional(Whole({ maximum: 86_400_000 })),
-  max_tokens_limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1_000_000 })),
-  long_poll_ms: Type.Optional(Type.Integer({ minimum: 1, maximum: 29_999 })),
-  operation_ttl_ms: Type.Optional(Type.Integer({ minimum: 1, maximum: 7 * 86_400_000 })),
-  run_idle_timeout_ms: Type.Optional(NullableWhole),
-  sampler_idle_ms: Type.Optional(NullableWhole),
-}, { ...strict, title: 'Settings' });
+/** Body of PATCH /_mock/settings and a scenario's `settings`: every live setting, by wire name, each optional (server/core/settings.ts). */
+export const SettingsPatch = Type.Object(
+  Object.fromEntries(LIVE_SETTING_ROWS.map((row) => [row.wire, Type.Optional(settingValueSchema(row))])),
+  { ...strict, title: 'Settings' },
+);
 
 export const Scenario = Type.Object({
   name: Type.Optional(Type.String({ minLength: 1 })),

@@ -164,6 +164,8 @@ describe('option parsing', () => {
   it('reads switches alone, as --flag=false, and from the environment', () => {
     expect(parseOptions(['--admin', '--port', '1']).admin).toBe(true);
     expect(parseOptions(['--admin=false']).admin).toBe(false);
+    expect(parseOptions(['--admin=true']).admin).toBe(true);
+    expect(parseOptions(['--admin=false'], { LOOPS_MOCK_ADMIN: '1' }).admin).toBe(false);
     expect(parseOptions([], { LOOPS_MOCK_ADMIN: '1' }).admin).toBe(true);
     expect(parseOptions(['--clock', 'virtual', '--admin-token', 't', '--fault-seed', '9'])).toMatchObject({ clockMode: 'virtual', adminToken: 't', faultSeed: 9 });
   });
