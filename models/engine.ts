@@ -1,11 +1,12 @@
 import { BatchQueue, flushSoon } from './batch-queue.js';
 import { InlineRunner, WorkerRunner, type Runner } from './engine-runner.js';
-import { chunks, cotangentFeed, feed, grownCaches, loraFeeds, promptFeeds, rowCache, sequenceFeeds, stepFeeds, topkRows, unpad } from './feeds.js';
+import { chunks, cotangentFeed, feed, grownCaches, loraFeeds, promptFeeds, rowCache, sequenceFeeds, stepFeeds, topkRows, unpad, type DecodeRow, type DecodeState, type RowCache, type ScoredSequence } from './feeds.js';
 import { siteRank, type LoraAdapter } from './lora.js';
 import type { Feed } from './runner-protocol.js';
 import { DECODE_KINDS, DEFAULT_DIMS, loraSites, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
 
 export { DeviceUnavailableError } from './device-error.js';
+export type { DecodeRow, DecodeState, RowCache, ScoredSequence } from './feeds.js';
 
 export type Device = 'cpu' | 'cuda';
 
@@ -28,35 +29,10 @@ export interface EngineOptions {
   thread?: 'worker' | 'inline';
 }
 
-/** One sequence to score: `targets[i]` is the token position i predicts. */
-export interface ScoredSequence {
-  tokens: number[];
-  targets: number[];
-  /** Positions whose logprob is wanted (default: all). Others come back 0 and cost no unembedding. */
-  scored?: number[];
-}
-
 export interface BackwardResult {
   logprobs: Float32Array[];
   /** Gradient of Σ cotangent·logprob for each LoRA tensor, keyed `<site>.A` / `<site>.B`. */
   grads: Map<string, Float32Array>;
-}
-
-/** One sequence's KV cache: per layer k then v, each [heads, length, headDim]. */
-export interface RowCache {
-  past: Float32Array[];
-  length: number;
-}
-
-export interface DecodeRow {
-  token: number;
-  cache: RowCache;
-  /**
-   * Draw the next token inside the graph at this uniform number in [0, 1)
-   * (negative: the most likely token), so that only the token comes back.
-   * Absent: the whole next-token distribution comes back.
-   */
-  draw?: number;
 }
 
 /** A prompt after its prefill: the first tokens drawn in the graph (one per draw asked), or the distribution to choose from. */
@@ -73,13 +49,6 @@ export interface RowStep {
   logprobs?: Float32Array;
   probs?: Float32Array;
   cache: RowCache;
-}
-
-export interface DecodeState {
-  /** Cache per layer: k then v, each [B, heads, P, headDim]. */
-  past: Float32Array[];
-  batch: number;
-  length: number;
 }
 
 /** Requests gathered into one batch at most (prompts, or decode steps). */

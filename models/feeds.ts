@@ -1,9 +1,39 @@
-import type { DecodeRow, DecodeState, RowCache, ScoredSequence } from './engine.js';
+/** How the graphs' inputs and outputs are laid out: batches padded to their longest row, caches per row. */
 import { siteRank, type LoraAdapter } from './lora.js';
 import type { Feed } from './runner-protocol.js';
 import { ROPE_BASE, type LoraSite, type ModelDims } from './transformer.js';
 
-/** How the graphs' inputs and outputs are laid out: batches padded to their longest row, caches per row. */
+/** One sequence to score: `targets[i]` is the token position i predicts. */
+export interface ScoredSequence {
+  tokens: number[];
+  targets: number[];
+  /** Positions whose logprob is wanted (default: all). Others come back 0 and cost no unembedding. */
+  scored?: number[];
+}
+
+/** One sequence's KV cache: per layer k then v, each [heads, length, headDim]. */
+export interface RowCache {
+  past: Float32Array[];
+  length: number;
+}
+
+export interface DecodeRow {
+  token: number;
+  cache: RowCache;
+  /**
+   * Draw the next token inside the graph at this uniform number in [0, 1)
+   * (negative: the most likely token), so that only the token comes back.
+   * Absent: the whole next-token distribution comes back.
+   */
+  draw?: number;
+}
+
+export interface DecodeState {
+  /** Cache per layer: k then v, each [B, heads, P, headDim]. */
+  past: Float32Array[];
+  batch: number;
+  length: number;
+}
 
 const NEG_INF = -1e9;
 
