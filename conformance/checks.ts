@@ -84,8 +84,9 @@ function samplerOfRun(j: JournalEntry[]): Map<string, string> {
   const map = new Map<string, string>();
   for (const e of j) {
     const run = (e.response_body as Body | undefined)?.run;
-    const url: string | undefined = run?.sampler?.base_url;
-    if (run?.id && url) map.set(run.id, new URL(url).pathname.split('/')[2]!);
+    // The sampler's id, not its URL: in proxy mode a base_url is Baseten's, which names no sampler id.
+    const id: string | undefined = run?.sampler?.id;
+    if (run?.id && id) map.set(run.id, id);
   }
   return map;
 }

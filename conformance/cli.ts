@@ -1,16 +1,19 @@
 #!/usr/bin/env node
 import { asksForHelp, parseFlags, type FlagDefinition } from '../server/parse-flags.js';
+import { defaultCaDir } from '../server/proxy/ca.js';
 import { CHECKS } from './checks.js';
 import { textReport, writeReports } from './report.js';
 import { defaultFixturesDir, readFixtures, replayFixture } from './replay.js';
 import { listCases, mustFailed, runSuite } from './runner.js';
 import { TASKS } from './tasks.js';
 
-const RUN_USAGE = `  loops-conformance run --client "<command>" [--scenario NAME ...] [--task NAME ...] [--report-dir DIR] [--timeout S]
+const RUN_USAGE = `  loops-conformance run --client "<command>" [--scenario NAME ...] [--task NAME ...] [--report-dir DIR] [--timeout S] [--proxy [--ca-dir DIR]]
       Runs each case (a task under a scenario) against a fresh loops-mock and checks the client.
       The client command gets LOOPS_BASE_URL, BASETEN_API_KEY, BASETEN_MANAGEMENT_API_URL_OVERRIDE,
-      LOOPS_CONFORMANCE_TASK, LOOPS_CONFORMANCE_INPUT and LOOPS_CONFORMANCE_OUTPUT (docs/conformance.md).
-      Exit status 1 when any MUST check fails.`;
+      HF_ENDPOINT, LOOPS_CONFORMANCE_TASK, LOOPS_CONFORMANCE_INPUT and LOOPS_CONFORMANCE_OUTPUT
+      (docs/conformance.md). With --proxy the server runs in proxy mode and the client gets
+      BASETEN_API_KEY, HTTPS_PROXY, SSL_CERT_FILE, REQUESTS_CA_BUNDLE and NODE_EXTRA_CA_CERTS instead
+      of the URLs: an unmodified client keeps Baseten's. Exit status 1 when any MUST check fails.`;
 const REPLAY_USAGE = `  loops-conformance replay --server URL --key KEY [--fixtures DIR] [--flow NAME ...]
       Replays the sdk-fixtures flows against any Loops endpoint (loops-mock, or the real service)
       and reports every difference in status, field names and types. Exit status 1 on any difference.`;
@@ -22,6 +25,7 @@ class UsageError extends Error {}
 
 const RUN_FLAGS: Record<string, FlagDefinition> = {
   client: { type: 'string' }, scenario: { type: 'string', multiple: true }, task: { type: 'string', multiple: true }, 'report-dir': { type: 'string' }, timeout: { type: 'string' },
+  proxy: { type: 'boolean' }, 'ca-dir': { type: 'string' },
 };
 const REPLAY_FLAGS: Record<string, FlagDefinition> = { server: { type: 'string' }, key: { type: 'string' }, fixtures: { type: 'string' }, flow: { type: 'string', multiple: true } };
 
@@ -29,13 +33,18 @@ const REPLAY_FLAGS: Record<string, FlagDefinition> = { server: { type: 'string' 
 const flagsOf = (argv: string[], definitions: Record<string, FlagDefinition>) => parseFlags(argv, definitions, { error: (message) => new UsageError(message) }).flags;
 
 function parseRunArgs(argv: string[]) {
-  const opts = { client: '', scenarios: [] as string[], tasks: [] as string[], reportDir: undefined as string | undefined, timeoutS: 120 };
+  const opts = { client: '', scenarios: [] as string[], tasks: [] as string[], reportDir: undefined as string | undefined, timeoutS: 120, proxy: false, caDir: undefined as string | undefined };
   for (const { name, value } of flagsOf(argv, RUN_FLAGS)) {
     switch (name) {
       case 'client': opts.client = value; break;
       case 'scenario': opts.scenarios.push(...value.split(',')); break;
       case 'task': opts.tasks.push(...value.split(',')); break;
       case 'report-dir': opts.reportDir = value; break;
+      case 'proxy':
+        if (value !== 'true' && value !== 'false') throw new UsageError(`--proxy is a switch: give it alone, or as --proxy=true / --proxy=false, got '${value}'`);
+        opts.proxy = value === 'true';
+        break;
+      case 'ca-dir': opts.caDir = value; break;
       case 'timeout': {
         const n = Number(value);
         if (!(n > 0 && n <= 3600)) throw new UsageError(`--timeout must be seconds from 1 to 3600, got '${value}'`);
@@ -45,6 +54,7 @@ function parseRunArgs(argv: string[]) {
     }
   }
   if (!opts.client) throw new UsageError('--client "<command>" is required: the command that runs your driver');
+  if (opts.caDir !== undefined && !opts.proxy) throw new UsageError('--ca-dir goes with --proxy');
   return opts;
 }
 
@@ -80,7 +90,8 @@ async function main(argv: string[]): Promise<number> {
     throw new UsageError((err as Error).message);
   }
   if (!cases.length) throw new UsageError('no case matches the given --scenario and --task');
-  const reports = await runSuite(cases, { client: opts.client, timeoutS: opts.timeoutS }, (r) => {
+  const proxy = opts.proxy ? { caDir: opts.caDir ?? defaultCaDir() } : undefined;
+  const reports = await runSuite(cases, { client: opts.client, timeoutS: opts.timeoutS, proxy }, (r) => {
     const failed = r.results.filter((x) => x.result.verdict === 'FAIL').map((x) => x.check.id);
     process.stderr.write(`${r.scenario}/${r.task}: ${failed.length ? `FAIL ${failed.join(' ')}` : 'ok'} (${(r.durationMs / 1000).toFixed(1)} s)\n`);
   });

@@ -9,6 +9,9 @@ import { startServer } from '../server/index.js';
 import { CHECKS, type Check, type CheckResult, type ClientOutput, type Evidence } from './checks.js';
 import { TASK_NAMES, taskInputs, type TaskName } from './tasks.js';
 
+/** What the checks read: the Loops planes (not the admin API, the Hub mirror or the proxy's CONNECTs). */
+const LOOPS_SURFACES: ReadonlySet<string> = new Set(['control', 'trainer', 'sampler']);
+
 /** One conformance case: a task run against a server under a scenario. */
 export interface CaseSpec {
   scenario: string;
@@ -31,6 +34,12 @@ export interface RunOptions {
   timeoutS: number;
   /** Engines shared by the cases' servers, so graphs are built once; each case still gets its own server and state. */
   engines?: EnginePool;
+  /**
+   * Proxy mode: each server also intercepts Baseten's hosts, and the client
+   * gets no LOOPS_BASE_URL, only HTTPS_PROXY and the CA variables (an
+   * unmodified client keeps https://api.baseten.co). The CA folder is shared by the cases.
+   */
+  proxy?: { caDir: string };
 }
 
 /** The cases of the shipped scenarios (their `conformance.tasks`), optionally only some scenarios and tasks. */
@@ -64,15 +73,16 @@ export async function runCase(spec: CaseSpec, options: RunOptions): Promise<Case
   const server = await startServer({
     port: 0, logLevel: 'silent', dataDir: join(dir, 'state'), admin: true, adminToken: randomBytes(16).toString('hex'),
     journalDetail: 'full', journalSize: 1_000_000, scenario: spec.scenario, engines: options.engines,
+    ...(options.proxy ? { proxy: true, caDir: options.proxy.caDir } : {}),
   });
   try {
     const input = join(dir, 'input.json');
     const output = join(dir, 'output.json');
     writeFileSync(input, JSON.stringify(taskInputs()[spec.task]));
+    // The server's own variables (the URLs, or the proxy and its CA), with this case's key.
     const exit = await runClient(options.client, {
-      LOOPS_BASE_URL: server.publicUrl,
+      ...server.env,
       BASETEN_API_KEY: apiKey,
-      BASETEN_MANAGEMENT_API_URL_OVERRIDE: server.publicUrl,
       LOOPS_CONFORMANCE_TASK: spec.task,
       LOOPS_CONFORMANCE_INPUT: input,
       LOOPS_CONFORMANCE_OUTPUT: output,
@@ -86,7 +96,7 @@ export async function runCase(spec: CaseSpec, options: RunOptions): Promise<Case
     const principal = server.core.accounts.authenticate(apiKey);
     const evidence: Evidence = {
       ...spec,
-      journal: server.core.journal.query({}).filter((e) => e.surface !== 'admin'),
+      journal: server.core.journal.query({}).filter((e) => LOOPS_SURFACES.has(e.surface)),
       output: out,
       exit,
       runs: server.core.fleet.listRuns(principal, { scope: 'org' }).map((r) => ({ id: r.id, status: r.status, reason: r.inactive_reason })),

@@ -10,21 +10,25 @@ import { samplerRoutes } from './control/samplers.js';
 import { sessionAndRunRoutes } from './control/sessions-runs.js';
 import { Views } from './control/views.js';
 import { apiKeyOf, requirePrincipal } from './http/auth.js';
-import { createBaseApp } from './http/base-app.js';
+import { createBaseApp, type FrontOfHouse } from './http/base-app.js';
 import { buildOpenApi } from './http/openapi.js';
+import type { PublicUrls } from './http/public-urls.js';
+import { hubRoutes } from './hub/routes.js';
 import { samplerPlaneRoutes } from './sampler/routes.js';
 import { trainerRoutes } from './trainer/routes.js';
 import { VERSION } from './version.js';
 
 export type AppOptions = Pick<ServerOptions, 'bodyLimit' | 'logLevel' | 'dataDir' | 'admin' | 'adminToken'> & {
-  /** The URL base_url fields start with; a function because the port may be known only after listen. */
-  publicUrl: () => string;
+  /** The URLs base_url fields and download links carry (directUrls, or Baseten's hosts in proxy mode). */
+  urls: PublicUrls;
+  /** Proxy mode's forward proxy, in front of the app on its port. */
+  front?: FrontOfHouse;
 };
 
 /** Builds the Fastify app over a core: the shared base (http/), then every front door as an encapsulated plugin. */
 export async function buildApp(core: LoopsCore, options: AppOptions): Promise<FastifyInstance> {
   const { app, routes } = createBaseApp(core, options);
-  const ctx: ControlContext = { core, views: new Views(core, options.publicUrl) };
+  const ctx: ControlContext = { core, views: new Views(core, options.urls) };
 
   // Control plane: every route needs an API key.
   await app.register(async (control) => {
@@ -46,9 +50,11 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
 
   await app.register(async (trainer) => trainerRoutes(trainer, core));
   await app.register(async (sampler) => samplerPlaneRoutes(sampler, core));
+  // The Hugging Face mirror needs no key: clients send it Hub tokens, if anything.
+  await app.register(async (hub) => hubRoutes(hub, core));
   if (options.admin) await app.register(async (admin) => adminRoutes(admin, core, { token: options.adminToken }));
 
-  app.get('/openapi.json', { schema: { hide: true } as object }, () => buildOpenApi(routes, VERSION, options.publicUrl()));
+  app.get('/openapi.json', { schema: { hide: true } as object }, () => buildOpenApi(routes, VERSION, options.urls.root()));
 
   return app;
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 import { ConfigError, parseOptions, parsePort, usage } from './config.js';
 import { startServer } from './index.js';
+import { defaultCaDir, LocalCa } from './proxy/ca.js';
 import { asksForHelp, parseFlags, type FlagDefinition } from './parse-flags.js';
 import { startRecorder } from './record/recorder.js';
 import { VERSION } from './version.js';
@@ -39,9 +40,35 @@ async function record(argv: string[]): Promise<void> {
   process.on('SIGINT', stop);
 }
 
+const CA_USAGE = `Usage: loops-mock ca [--ca-dir DIR]
+  Prints where proxy mode's local CA lives and its certificate (PEM), making it first if the
+  folder has none (default ${defaultCaDir()}, or $LOOPS_MOCK_CA_DIR).
+  Trust that certificate in a client to let it through loops-mock serve --proxy.`;
+
+/** `loops-mock ca`: the CA's paths and PEM, for trusting it by hand. */
+function ca(argv: string[]): void {
+  if (asksForHelp(argv)) {
+    process.stdout.write(`${CA_USAGE}\n`);
+    return;
+  }
+  const { flags } = parseFlags(argv, { 'ca-dir': { type: 'string' } }, { error: (message) => new ConfigError(message), unknownFlagSuffix: ' for ca' });
+  const given = flags.find((f) => f.name === 'ca-dir')?.value ?? process.env.LOOPS_MOCK_CA_DIR;
+  if (given === '') throw new ConfigError('--ca-dir needs a value');
+  const dir = given ?? defaultCaDir();
+  let authority: LocalCa;
+  try {
+    authority = LocalCa.open(dir);
+  } catch (err) {
+    throw new ConfigError(`--ca-dir ${dir}: ${(err as Error).message}`);
+  }
+  const { cert, bundle } = authority.files;
+  process.stdout.write(`# loops-mock CA in ${dir}\nCA_CERT=${cert}\nCA_BUNDLE=${bundle}\n${authority.pem}`);
+}
+
 /** `loops-mock [serve] [flags]`: starts the server and prints the variables a Loops client needs. */
 async function main(argv: string[]): Promise<void> {
   if (argv[0] === 'record') return record(argv.slice(1));
+  if (argv[0] === 'ca') return ca(argv.slice(1));
   const args = argv[0] === 'serve' ? argv.slice(1) : argv;
   if (asksForHelp(args)) {
     process.stdout.write(`${usage()}\n`);
@@ -51,11 +78,12 @@ async function main(argv: string[]): Promise<void> {
     process.stdout.write(`${VERSION}\n`);
     return;
   }
-  if (args[0] !== undefined && !args[0].startsWith('-')) throw new ConfigError(`unknown command '${args[0]}' (the commands are 'serve' and 'record')`);
+  if (args[0] !== undefined && !args[0].startsWith('-')) throw new ConfigError(`unknown command '${args[0]}' (the commands are 'serve', 'record' and 'ca')`);
   const options = parseOptions(args, process.env);
   const server = await startServer(options);
   const lines = Object.entries(server.env).map(([k, v]) => `${k}=${v}`);
   const notes = [`# loops-mock ${VERSION} listening on ${server.url}${options.dataDir ? `, state in ${options.dataDir}` : ', state in memory'}`];
+  if (server.ca) notes.push(`# proxy mode: HTTPS_PROXY intercepts api.baseten.co, *.api.baseten.co, app.baseten.co and huggingface.co with the CA ${server.ca.cert}${options.proxyPassthrough.length ? `; passes through ${options.proxyPassthrough.join(', ')}` : ''}; other hosts are refused`);
   if (options.admin) notes.push(`# admin API at ${server.url}/_mock/${options.adminToken ? ' (Authorization: Bearer <admin token>)' : ''}; clock ${options.clockMode}${options.scenario ? `; scenario ${options.scenario} applied` : ''}`);
   process.stdout.write(`${lines.join('\n')}\n${notes.join('\n')}\n`);
 

@@ -43,6 +43,12 @@ interface StartupOptions {
   scenario?: string;
   /** Seed of fault rules that give none. */
   faultSeed: number;
+  /** Proxy mode: the port is also an HTTP forward proxy that intercepts Baseten's and the Hub's hosts. */
+  proxy: boolean;
+  /** The local CA of proxy mode; default: a per-user folder (server/proxy/ca.ts defaultCaDir). */
+  caDir?: string;
+  /** Hosts proxy mode tunnels untouched instead of refusing them. */
+  proxyPassthrough: string[];
 }
 
 /**
@@ -122,6 +128,15 @@ export function parseApiKey(value: string): ApiKeySpec {
   const [key, org, team, ...rest] = value.split(':');
   if (!key || rest.length || org === '' || team === '') throw new ConfigError(`--api-key must be KEY, KEY:ORG or KEY:ORG:TEAM with no empty part, got '${value}'`);
   return { key, org, team };
+}
+
+/** A host name or IP address, as `--proxy-passthrough` takes them (no port: every port of the host passes). */
+function parseHostName(value: string): string {
+  const host = value.trim().toLowerCase().replace(/^\[|\]$/g, '');
+  if (!/^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$/.test(host) && !/^[0-9a-f:.]+$/.test(host)) {
+    throw new ConfigError(`--proxy-passthrough takes host names or IP addresses without a port, e.g. example.com,127.0.0.1, got '${value}'`);
+  }
+  return host;
 }
 
 type StartupKey = keyof StartupOptions;
@@ -233,6 +248,17 @@ const ENGINE_AND_ADMIN_ROWS: StartupRowSpecs<Exclude<StartupKey, keyof typeof LI
   journalDetail: { flag: 'journal-detail', default: 'summary', help: 'summary: bodies cut to a few items; full: whole request and response bodies', parse: oneOf('journal-detail', ['summary', 'full'], 'summary or full') },
   scenario: { flag: 'scenario', default: undefined, shown: 'none', help: 'a scenario file (JSON or YAML) or a shipped scenario name, applied at start', parse: notEmpty('scenario') },
   faultSeed: { flag: 'fault-seed', default: 1, help: 'seed of fault rules that give none', parse: wholeNumber('fault-seed', [0, 2 ** 32 - 1]) },
+  proxy: {
+    flag: 'proxy', default: false, switch: true,
+    help: "also act as an HTTPS forward proxy: intercept api.baseten.co, *.api.baseten.co, app.baseten.co and huggingface.co with the local CA, refuse other hosts; prints HTTPS_PROXY and the CA variables instead of LOOPS_BASE_URL",
+    parse: (v) => truth('proxy', v),
+  },
+  caDir: { flag: 'ca-dir', default: undefined, shown: '~/.local/share/loops-mock/ca', help: "the proxy's CA folder (ca.pem, ca-key.pem, ca-bundle.pem), made at first start and reused; $XDG_DATA_HOME moves the default", parse: notEmpty('ca-dir') },
+  proxyPassthrough: {
+    flag: 'proxy-passthrough', default: [], shown: 'none', repeatable: 'adds to env',
+    help: 'HOST[,HOST...]: hosts the proxy tunnels untouched instead of refusing (they win over interception)',
+    parse: (v, hosts) => [...hosts, ...v.split(',').map(parseHostName)],
+  },
   presignTtlSeconds: { flag: 'presign-ttl-s', default: 3600, help: 'lifetime of checkpoint download URLs in seconds', parse: wholeNumber('presign-ttl-s', [1, 7 * 86400]) },
 };
 
@@ -286,5 +312,5 @@ export function helpOf(row: SettingRow): string {
 
 export function usage(): string {
   const lines = FLAG_ROWS.map((row) => `  --${row.flag.padEnd(18)} ${helpOf(row)}\n  ${''.padEnd(20)} env ${row.env}`);
-  return ['Usage: loops-mock [serve] [flags]', '', 'Flags:', ...lines, '  --help              this text', '  --version           print the version'].join('\n');
+  return ['Usage: loops-mock [serve] [flags]', '       loops-mock record --help   (the recording proxy)', '       loops-mock ca --help       (proxy mode\'s local CA)', '', 'Flags:', ...lines, '  --help              this text', '  --version           print the version'].join('\n');
 }

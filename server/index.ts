@@ -1,12 +1,16 @@
 import { appendFileSync } from 'node:fs';
 import type { FastifyInstance } from 'fastify';
 import { EnginePool, findBaseModel, probeDevice, Tokenizers } from '../models/index.js';
-import { ConfigError, DEFAULTS, type ServerOptions } from './config.js';
+import { ConfigError, DEFAULTS, liveSettingsOf, type ServerOptions } from './config.js';
 import { LoopsCore } from './core/core.js';
 import type { Clock } from './core/clock.js';
 import { applyScenario, parseScenario, readScenarioSource, type ScenarioSpec } from './admin/scenario.js';
 import { ManualClock } from './core/clock.js';
 import { buildApp } from './app.js';
+import { directUrls } from './http/public-urls.js';
+import { basetenUrls } from './proxy/baseten-hosts.js';
+import { defaultCaDir, LocalCa } from './proxy/ca.js';
+import { ForwardProxy } from './proxy/forward-proxy.js';
 
 export { ManualClock, RealClock, type Clock } from './core/clock.js';
 export { LoopsCore, type CoreOptions } from './core/core.js';
@@ -14,6 +18,9 @@ export { buildApp } from './app.js';
 export { parseOptions, ConfigError, DEFAULTS, type ServerOptions } from './config.js';
 export { VERSION } from './version.js';
 export { MockAdmin } from './admin/client.js';
+export { directUrls, type PublicUrls } from './http/public-urls.js';
+export { basetenUrls } from './proxy/baseten-hosts.js';
+export { defaultCaDir, LocalCa } from './proxy/ca.js';
 
 /** The key `startServer` and the CLI hand out when no --api-key is configured; any non-empty key works then. */
 export const DEFAULT_API_KEY = 'loops-mock-local-key';
@@ -32,8 +39,16 @@ export interface RunningServer {
   publicUrl: string;
   /** A key that works against this server. */
   apiKey: string;
-  /** The variables a Loops client reads, ready to merge into a child process's environment. */
-  env: Record<'LOOPS_BASE_URL' | 'BASETEN_API_KEY' | 'BASETEN_MANAGEMENT_API_URL_OVERRIDE', string>;
+  /**
+   * The variables a client reads, ready to merge into a child process's
+   * environment: LOOPS_BASE_URL, BASETEN_API_KEY,
+   * BASETEN_MANAGEMENT_API_URL_OVERRIDE and HF_ENDPOINT; in proxy mode
+   * BASETEN_API_KEY, HTTPS_PROXY, SSL_CERT_FILE, REQUESTS_CA_BUNDLE and
+   * NODE_EXTRA_CA_CERTS instead (a client keeps Baseten's URLs).
+   */
+  env: Record<string, string>;
+  /** Proxy mode's CA files (absent otherwise). */
+  ca?: LocalCa['files'];
   app: FastifyInstance;
   core: LoopsCore;
   /** Stops accepting, lets requests in flight finish, then closes storage. */
@@ -93,15 +108,7 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
     dataDir: options.dataDir,
     apiKeys: options.apiKeys,
     clock: overrides.clock ?? (options.clockMode === 'virtual' ? new ManualClock(Date.now()) : undefined),
-    settings: {
-      coldStartMs: options.coldStartMs,
-      deactivationMs: options.deactivationMs,
-      samplerReplicas: options.samplerReplicas,
-      weightSyncDelayMs: options.weightSyncDelayMs,
-      floorWaitMs: options.floorWaitMs,
-      longPollMs: options.longPollMs,
-      operationTtlMs: options.operationTtlMs,
-    },
+    settings: liveSettingsOf(options),
     presignTtlMs: options.presignTtlSeconds * 1000,
     journalSize: options.journalSize,
     journalFile: options.journalFile,
@@ -114,9 +121,21 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
     core.onReset(() => applyScenario(core, startup));
   }
   let publicUrl = options.publicUrl ?? '';
+  let proxy: ForwardProxy | undefined;
+  if (options.proxy) {
+    if (options.publicUrl) throw new ConfigError('--public-url does not go with --proxy: in proxy mode base_url fields are Baseten\'s own URLs');
+    const caDir = options.caDir ?? defaultCaDir();
+    let ca: LocalCa;
+    try {
+      ca = LocalCa.open(caDir);
+    } catch (err) {
+      throw new ConfigError(`--ca-dir ${caDir}: ${(err as Error).message}`);
+    }
+    proxy = new ForwardProxy(core, { ca, passthrough: options.proxyPassthrough });
+  }
   let app: FastifyInstance;
   try {
-    app = await buildApp(core, { ...options, publicUrl: () => publicUrl });
+    app = await buildApp(core, { ...options, urls: proxy ? basetenUrls() : directUrls(() => publicUrl), front: proxy });
     await app.listen({ port: options.port, host: options.host });
   } catch (err) {
     core.close();
@@ -127,16 +146,27 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
   const wildcard = options.host === '0.0.0.0' || options.host === '::';
   const host = wildcard ? '127.0.0.1' : options.host.includes(':') ? `[${options.host}]` : options.host;
   const url = `http://${host}:${port}`;
-  publicUrl = options.publicUrl ?? url;
+  publicUrl = proxy ? basetenUrls().root() : options.publicUrl ?? url;
   const apiKey = options.apiKeys[0]?.key ?? DEFAULT_API_KEY;
+  const ca = proxy?.caFiles;
+  // Proxy mode prints no LOOPS_BASE_URL: the clients it is for keep Baseten's URLs (the guide's script refuses to run with it).
+  const env: Record<string, string> = ca
+    ? { BASETEN_API_KEY: apiKey, HTTPS_PROXY: url, SSL_CERT_FILE: ca.bundle, REQUESTS_CA_BUNDLE: ca.bundle, NODE_EXTRA_CA_CERTS: ca.cert }
+    : { LOOPS_BASE_URL: publicUrl, BASETEN_API_KEY: apiKey, BASETEN_MANAGEMENT_API_URL_OVERRIDE: publicUrl, HF_ENDPOINT: `${publicUrl}/hf` };
   let closed: Promise<void> | undefined;
   return {
     url,
     publicUrl,
     apiKey,
-    env: { LOOPS_BASE_URL: publicUrl, BASETEN_API_KEY: apiKey, BASETEN_MANAGEMENT_API_URL_OVERRIDE: publicUrl },
+    env,
+    ...(ca ? { ca } : {}),
     app,
     core,
-    close: () => (closed ??= app.close().then(() => core.close()).then(() => (overrides.engines ? undefined : engines.close()))),
+    close: () => (closed ??= (async () => {
+      proxy?.close();
+      await app.close();
+      core.close();
+      if (!overrides.engines) await engines.close();
+    })()),
   };
 }

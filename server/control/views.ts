@@ -2,6 +2,7 @@ import { availableParallelism, totalmem } from 'node:os';
 import type { LoopsCore } from '../core/core.js';
 import type { CheckpointRecord, DeploymentRecord, LogRecord, RunRecord, SamplerRecord, TeamRecord, UserConfigRecord } from '../core/records.js';
 import type { PresignedFile } from '../core/checkpoints.js';
+import type { PublicUrls } from '../http/public-urls.js';
 
 const iso = (ms: number) => new Date(ms).toISOString();
 
@@ -18,19 +19,7 @@ const INSTANCE_TYPE = {
 
 /** Shapes core records into the wire objects of Baseten's schema. */
 export class Views {
-  constructor(private readonly core: LoopsCore, private readonly publicUrlOf: () => string) {}
-
-  private get publicUrl(): string {
-    return this.publicUrlOf();
-  }
-
-  trainerUrl(runId: string): string {
-    return `${this.publicUrl}/trainer/${runId}`;
-  }
-
-  samplerUrl(samplerId: string): string {
-    return `${this.publicUrl}/sampler/${samplerId}`;
-  }
+  constructor(private readonly core: LoopsCore, private readonly urls: PublicUrls) {}
 
   user(o: { user_id: string; org_id: string }) {
     return { email: this.core.accounts.emailOf(o.user_id) };
@@ -39,7 +28,7 @@ export class Views {
   sampler(s: SamplerRecord) {
     return {
       id: s.id,
-      base_url: this.samplerUrl(s.id),
+      base_url: this.urls.sampler(s),
       base_model: s.base_model,
       created_at: iso(s.created_at),
       model_id: s.model_id,
@@ -59,7 +48,7 @@ export class Views {
       deployment_id: r.deployment_id,
       name: r.name,
       base_model: r.base_model,
-      base_url: this.trainerUrl(r.id),
+      base_url: this.urls.trainer(r),
       created_at: iso(r.created_at),
       status: { name: r.status },
       user: this.user(r),
@@ -69,12 +58,13 @@ export class Views {
 
   deployment(d: DeploymentRecord) {
     const s = d.sampler_id ? this.core.fleet.findSampler(d.sampler_id) : undefined;
+    const latest = d.latest_run_id ? this.core.fleet.findRun(d.latest_run_id) : undefined;
     return {
       id: d.id,
       active_run_id: d.active_run_id,
       latest_run_id: d.latest_run_id,
       base_model: d.base_model,
-      base_url: d.latest_run_id ? this.trainerUrl(d.latest_run_id) : '',
+      base_url: latest ? this.urls.trainer(latest) : '',
       status: { name: d.status },
       user: this.user(d),
       created_at: iso(d.created_at),
@@ -127,7 +117,7 @@ export class Views {
 
   checkpointFile(f: PresignedFile) {
     return {
-      url: `${this.publicUrl}${f.path}`,
+      url: this.urls.download(f.path),
       relative_file_name: f.relative_file_name,
       node_rank: 0,
       size_bytes: f.size_bytes,

@@ -7,6 +7,7 @@ import { RealClock, type Clock } from './clock.js';
 import { DeploymentLogs } from './deployment-logs.js';
 import { Fleet } from './fleet.js';
 import { Faults } from './faults.js';
+import { HubRepos } from './hub-repos.js';
 import { Journal, type JournalDetail } from './journal.js';
 import { Operations } from './operations.js';
 import { Progress } from './progress.js';
@@ -49,6 +50,8 @@ export class LoopsCore {
   readonly clock: Clock;
   readonly engines: EnginePool;
   readonly journal: Journal;
+  /** The Hugging Face repositories the mirror serves (the tokenizers' files: nothing a reset changes). */
+  readonly hub: HubRepos;
   /** What the server started with; `settings` is the live copy scenarios and the admin API change. */
   readonly startupSettings: Settings;
   settings!: Settings;
@@ -75,6 +78,7 @@ export class LoopsCore {
     this.clock = options.clock ?? new RealClock();
     this.engines = options.engines ?? new EnginePool();
     this.journal = new Journal(options.journalSize ?? 10_000, options.journalFile, options.journalDetail);
+    this.hub = new HubRepos(this.engines.tokenizers);
     this.startupSettings = { ...DEFAULT_SETTINGS, ...options.settings };
     this.build();
   }

@@ -321,6 +321,15 @@ export class Fleet {
     return this.samplers.get(id);
   }
 
+  /** The sampler behind a model-deployment URL, whoever owns it (the data plane checks the caller); without a deployment id, the model's newest. */
+  findModelDeployment(modelId: string, deploymentId?: string): SamplerRecord | undefined {
+    let found: SamplerRecord | undefined;
+    for (const s of this.samplers.values()) {
+      if (s.model_id === modelId && !s.deleted && (deploymentId === undefined || s.model_deployment_id === deploymentId)) found = s;
+    }
+    return found;
+  }
+
   /** Where a sampler's traffic and logs are counted: its run's deployment, or its own id when standalone. */
   deploymentOfSampler(id: string): string {
     const s = this.samplers.get(id);

@@ -1,7 +1,11 @@
 import { appendFileSync } from 'node:fs';
 
-export type Surface = 'control' | 'trainer' | 'sampler' | 'admin';
-export const SURFACES: readonly Surface[] = ['control', 'trainer', 'sampler', 'admin'];
+/** Where a request went: a Loops plane, the admin API, the Hugging Face mirror, or the forward proxy itself (CONNECTs, refused hosts). */
+export type Surface = 'control' | 'trainer' | 'sampler' | 'admin' | 'hub' | 'proxy';
+export const SURFACES: readonly Surface[] = ['control', 'trainer', 'sampler', 'admin', 'hub', 'proxy'];
+
+/** What proxy mode did with a CONNECT or a plain-HTTP proxy request. */
+export type ProxyAction = 'intercept' | 'passthrough' | 'refuse';
 
 /** One request as the journal keeps it. Never holds an API key. */
 export interface JournalEntry {
@@ -40,6 +44,10 @@ export interface JournalEntry {
     policy_version?: number;
     retry_after?: string;
   };
+  /** The host the client addressed, when it was not this server (proxy mode: api.baseten.co, model-....api.baseten.co, huggingface.co, or a refused one). */
+  host?: string;
+  /** Proxy surface only: what the proxy did, the port asked for, and why it failed when it did (e.g. a client that does not trust the CA). */
+  proxy?: { action: ProxyAction; port: number; error?: string };
   /** The fault rule that acted on this request, and how. */
   fault?: { id: string; action: string };
   /** With journal detail `full` only: the whole JSON answer. */

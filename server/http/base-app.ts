@@ -1,3 +1,4 @@
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import Fastify, { type FastifyInstance, type RouteOptions } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { LoopsCore } from '../core/core.js';
@@ -11,7 +12,24 @@ import { serializerCompiler, validatorCompiler } from './validation.js';
 export interface BaseAppOptions {
   bodyLimit: number;
   logLevel: string;
+  /** What stands before the app on its port (proxy mode's forward proxy); without it the port serves the app alone. */
+  front?: FrontOfHouse;
 }
+
+/** Something that shares the app's HTTP server: sees each raw request first, and may join the server (CONNECT). */
+export interface FrontOfHouse {
+  /** The path the app serves a raw request at (Fastify's rewriteUrl): a request for another host may map to one of the app's routes. */
+  rewriteUrl(req: IncomingMessage): string;
+  /** Answers a request the app does not serve at all; true when it did. */
+  handle(req: IncomingMessage, res: ServerResponse): boolean;
+  /** Joins the server once it exists (e.g. listens for CONNECT). */
+  attach(server: Server): void;
+  /** The host a request was addressed to when it is not this server (for the journal). */
+  foreignHostOf(req: IncomingMessage): string | undefined;
+}
+
+/** Fastify's own default, kept when the server is made here. */
+const KEEP_ALIVE_TIMEOUT_MS = 72_000;
 
 /**
  * A Fastify instance with what every front door shares: the error shape, the
@@ -20,8 +38,20 @@ export interface BaseAppOptions {
  * 404 handler and /openapi.json read it).
  */
 export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: FastifyInstance; routes: RouteOptions[] } {
+  const front = options.front;
   const app = Fastify({
     logger: { level: options.logLevel, stream: process.stderr },
+    ...(front ? {
+      rewriteUrl: (req: IncomingMessage) => front.rewriteUrl(req),
+      serverFactory: (handler: (req: IncomingMessage, res: ServerResponse) => void) => {
+        const server = createServer((req, res) => {
+          if (!front.handle(req, res)) handler(req, res);
+        });
+        server.keepAliveTimeout = KEEP_ALIVE_TIMEOUT_MS;
+        front.attach(server);
+        return server;
+      },
+    } : {}),
     bodyLimit: options.bodyLimit,
     // Answered by our own hook below, in our own error shape.
     return503OnClosing: false,
@@ -67,7 +97,7 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
 
   installErrorHandler(app, options.bodyLimit);
   // Root-level hooks: they run for every front door registered later.
-  installJournal(app, core);
+  installJournal(app, core, front ? (req) => front.foreignHostOf(req) : undefined);
   installFaults(app, core);
   const routes: RouteOptions[] = [];
   app.addHook('onRoute', (route) => { routes.push(route as RouteOptions); });

@@ -1,3 +1,4 @@
+import type { IncomingMessage } from 'node:http';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { LoopsCore } from '../core/core.js';
 import type { FaultAction } from '../core/faults.js';
@@ -25,6 +26,7 @@ export function surfaceOf(url: string): Surface {
   if (url.startsWith('/_mock/') || url === '/_mock') return 'admin';
   if (url.startsWith('/trainer/')) return 'trainer';
   if (url.startsWith('/sampler/')) return 'sampler';
+  if (url.startsWith('/hf/') || url === '/hf') return 'hub';
   return 'control';
 }
 
@@ -85,7 +87,7 @@ function headerFacts(reply: FastifyReply, facts: NonNullable<JournalEntry['respo
  * Records every request in the core's journal when its connection is done
  * with it: answered, or closed with no answer (a dropped connection, status 0).
  */
-export function installJournal(app: FastifyInstance, core: LoopsCore): void {
+export function installJournal(app: FastifyInstance, core: LoopsCore, foreignHostOf?: (req: IncomingMessage) => string | undefined): void {
   app.decorateRequest('trace', null as never);
   app.addHook('onRequest', async (request, reply) => {
     const trace: RequestTrace = { seq: core.journal.arrive(), time: new Date(core.clock.now()).toISOString(), started: performance.now(), surface: surfaceOf(request.url) };
@@ -111,6 +113,9 @@ export function installJournal(app: FastifyInstance, core: LoopsCore): void {
           ...(header(request, 'x-affinity-key') !== undefined ? { affinity_key: header(request, 'x-affinity-key') } : {}),
         },
       };
+      // Sent to another host (proxy mode) and served by the app: say where the client sent it.
+      const host = foreignHostOf?.(request.raw);
+      if (host) entry.host = host;
       if (params.run_id) entry.run_id = params.run_id;
       if (params.sampler_id) entry.sampler_id = params.sampler_id;
       const operationId = params.operation_id ?? trace.operationId;

@@ -1,7 +1,7 @@
 """The conformance driver for the reference client: maps each task onto loops_client.
 
 Reads LOOPS_CONFORMANCE_TASK and the JSON in LOOPS_CONFORMANCE_INPUT, talks to the server
-at LOOPS_BASE_URL (control plane at BASETEN_MANAGEMENT_API_URL_OVERRIDE) with
+at LOOPS_BASE_URL (default https://api.baseten.co; control plane at BASETEN_MANAGEMENT_API_URL_OVERRIDE) with
 BASETEN_API_KEY, and writes its result to LOOPS_CONFORMANCE_OUTPUT:
 
     {"task": ..., "status": "ok" | "error", "error": {"class", "message"}?, "runs": [...], ...}
@@ -154,7 +154,8 @@ def main(argv):
     task = os.environ["LOOPS_CONFORMANCE_TASK"]
     with open(os.environ["LOOPS_CONFORMANCE_INPUT"]) as f:
         inp = json.load(f)
-    svc = ServiceClient(os.environ["LOOPS_BASE_URL"], os.environ["BASETEN_API_KEY"], os.environ.get("BASETEN_MANAGEMENT_API_URL_OVERRIDE"))
+    # Unset, the root is Baseten's own, as in the SDK (a client behind loops-mock's proxy leaves it so).
+    svc = ServiceClient(os.environ.get("LOOPS_BASE_URL", "https://api.baseten.co"), os.environ["BASETEN_API_KEY"], os.environ.get("BASETEN_MANAGEMENT_API_URL_OVERRIDE"))
     out = {"task": task, "status": "ok", "runs": []}
     code = 0
     try:
