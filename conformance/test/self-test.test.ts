@@ -45,6 +45,21 @@ describe('the reference Python driver', () => {
   }, 120_000);
 });
 
+describe('the reference driver behind the proxy (no LOOPS_BASE_URL: https://api.baseten.co, HTTPS_PROXY and the CA)', () => {
+  const caDir = mkdtempSync(join(tmpdir(), 'conformance-ca-'));
+  const proxied: CaseSpec[] = [
+    { scenario: 'baseline', task: 'sft-round', expect: 'ok' },
+    { scenario: 'lagging-replica', task: 'rl-step', expect: 'ok' },
+    { scenario: 'flaky-network', task: 'sft-round', expect: 'ok' },
+  ];
+  it.each(proxied.map((c) => [`${c.scenario}/${c.task}`, c] as [string, CaseSpec]))('passes %s with the checks read as in direct mode', async (_name, spec) => {
+    const report = await runCase(spec, { client: DRIVER, timeoutS: 90, engines, proxy: { caDir } });
+    expect(failedChecks(report), explain(report)).toEqual([]);
+    expect(report.results.find((x) => x.check.id === 'DONE-1')!.result.verdict).toBe('PASS');
+    if (spec.scenario === 'lagging-replica') expect(report.results.find((x) => x.check.id === 'RATIO-1')!.result.verdict).toBe('PASS');
+  }, 120_000);
+});
+
 /** Each broken variant, the case that exposes it, and exactly the checks it must fail. */
 const BROKEN: [string, CaseSpec, string[], number?][] = [
   ['no-408-retry', { scenario: 'lagging-replica', task: 'rl-step', expect: 'ok' }, ['DONE-1', 'FLOOR-2']],

@@ -1,5 +1,6 @@
 import { statfsSync } from 'node:fs';
 import { totalmem } from 'node:os';
+import type { Static } from 'typebox';
 import { invalid } from '../core/errors.js';
 import type { ControlContext, TypedApp } from './context.js';
 import { replies } from './context.js';
@@ -9,6 +10,17 @@ import {
 } from './schemas.js';
 
 const HOUR_MS = 3_600_000;
+
+/** A logs answer: lines of one deployment (of one kind of replica, e.g. a sampler's) within the query's window. */
+export function logsReply(ctx: ControlContext, deploymentId: string, q: Static<typeof LogsQuery>, replicaPrefix?: string) {
+  if (q.start_epoch_millis !== undefined && q.end_epoch_millis !== undefined && q.start_epoch_millis > q.end_epoch_millis) {
+    throw invalid('start_epoch_millis must not be after end_epoch_millis.', { field: 'query.start_epoch_millis' });
+  }
+  const logs = ctx.core.logs.query({
+    deploymentId, startMs: q.start_epoch_millis, endMs: q.end_epoch_millis, direction: q.direction ?? 'asc', limit: q.limit ?? 500, minLevel: q.min_level, replicaPrefix,
+  });
+  return { logs: logs.map((l) => ctx.views.log(l)) };
+}
 const MAX_POINTS = 1000;
 
 /** Loops deployments (the long-lived trainer + sampler pairs), with their logs and metrics. */
@@ -33,17 +45,7 @@ export function deploymentRoutes(app: TypedApp, ctx: ControlContext, dataDir: st
 
   app.get('/v1/loops/deployments/:deployment_id/logs', {
     schema: { tags, summary: "The deployment's log lines: lifecycle events and every request its trainer and sampler served", params: DeploymentIdParams, querystring: LogsQuery, response: replies(LogsResponse) },
-  }, (req) => {
-    const d = core.fleet.getDeployment(req.principal, req.params.deployment_id);
-    const q = req.query;
-    if (q.start_epoch_millis !== undefined && q.end_epoch_millis !== undefined && q.start_epoch_millis > q.end_epoch_millis) {
-      throw invalid('start_epoch_millis must not be after end_epoch_millis.', { field: 'query.start_epoch_millis' });
-    }
-    const logs = core.logs.query({
-      deploymentId: d.id, startMs: q.start_epoch_millis, endMs: q.end_epoch_millis, direction: q.direction ?? 'asc', limit: q.limit ?? 500, minLevel: q.min_level,
-    });
-    return { logs: logs.map((l) => views.log(l)) };
-  });
+  }, (req) => logsReply(ctx, core.fleet.getDeployment(req.principal, req.params.deployment_id).id, req.query));
 
   app.post('/v1/loops/deployments/:deployment_id/metrics', {
     schema: { tags, summary: "The deployment's request counters and process resources over a time range", params: DeploymentIdParams, body: GetLoopsDeploymentMetricsRequestV1, response: replies(MetricsResponse) },

@@ -1,9 +1,10 @@
 import type { ControlContext, TypedApp } from './context.js';
 import { replies, teamOf } from './context.js';
 import {
-  CreateLoopsSamplerRequestV1, DeactivateResponseV1, DeploymentTombstoneV1, DeploymentV1, ListSamplersResponse, ModelDeploymentParams,
-  SamplerIdParams, SamplerResponse, ScopeQuery, TeamIdParams, UpdateDeploymentRequestV1,
+  CreateLoopsSamplerRequestV1, DeactivateResponseV1, DeploymentTombstoneV1, DeploymentV1, ListSamplersResponse, LogsQuery, LogsResponse,
+  ModelDeploymentParams, SamplerIdParams, SamplerResponse, ScopeQuery, TeamIdParams, UpdateDeploymentRequestV1,
 } from './schemas.js';
+import { logsReply } from './deployments.js';
 
 /** Loops samplers, and the generic model-deployment API through which clients poll and deactivate them. */
 export function samplerRoutes(app: TypedApp, ctx: ControlContext): void {
@@ -46,6 +47,14 @@ export function samplerRoutes(app: TypedApp, ctx: ControlContext): void {
   }, (req) => {
     const s = core.fleet.deleteModelDeployment(req.principal, req.params.model_id, req.params.deployment_id);
     return { id: s.model_deployment_id, deleted: true, model_id: s.model_id };
+  });
+
+  // The Baseten CLI's `loops run logs --sampler` reads these; the sampler's own lines of the deployment it logs into.
+  app.get(`${route}/logs`, {
+    schema: { tags: modelTags, summary: "A sampler's log lines through its model deployment", params: ModelDeploymentParams, querystring: LogsQuery, response: replies(LogsResponse) },
+  }, (req) => {
+    const s = core.fleet.getModelDeployment(req.principal, req.params.model_id, req.params.deployment_id);
+    return logsReply(ctx, core.fleet.deploymentOfSampler(s.id), req.query, 'sampler');
   });
 
   app.post(`${route}/deactivate`, {

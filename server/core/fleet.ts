@@ -151,6 +151,8 @@ export class Fleet {
       run.deployment_id = deployment.id;
       deployment.active_run_id = run.id;
       deployment.latest_run_id = run.id;
+      // Known before its sampler exists: the sampler's first lines (created, ACTIVE) go to the run's deployment logs.
+      this.runs.set(run.id, run);
       const liveSampler = deployment.sampler_id ? this.samplers.get(deployment.sampler_id) : undefined;
       if (liveSampler && !DEAD_SAMPLER.has(liveSampler.status) && !liveSampler.deleted) {
         liveSampler.run_id = run.id;
@@ -160,7 +162,6 @@ export class Fleet {
         run.sampler_id = this.newSampler(p, teamId, session.id, model.name, run.id, maxSeqLen, null, deployment.id).id;
         deployment.sampler_id = run.sampler_id;
       }
-      this.runs.set(run.id, run);
       this.store.put('run', run.id, run);
       this.putDeployment(deployment);
       this.logs.add(deployment.id, 'INFO', `Run ${run.id} '${run.name}' started in session ${session.id}`, 'trainer-0');

@@ -14,6 +14,8 @@ export interface LogQuery {
   direction: 'asc' | 'desc';
   limit: number;
   minLevel?: LogLevel;
+  /** Only lines of replicas whose name starts so (`sampler` for a sampler's own lines). */
+  replicaPrefix?: string;
 }
 
 /**
@@ -78,6 +80,7 @@ export class Store {
     if (q.startMs !== undefined) { where.push('ts_ms >= ?'); args.push(q.startMs); }
     if (q.endMs !== undefined) { where.push('ts_ms <= ?'); args.push(q.endMs); }
     if (q.minLevel) { where.push('level_rank >= ?'); args.push(LOG_LEVELS.indexOf(q.minLevel)); }
+    if (q.replicaPrefix) { where.push("replica LIKE ? ESCAPE '\\'"); args.push(`${q.replicaPrefix.replace(/[\\%_]/g, (c) => `\\${c}`)}%`); }
     const order = q.direction === 'asc' ? 'ASC' : 'DESC';
     const sql = `SELECT deployment_id, ts_ms, level, message, replica, request_id FROM logs WHERE ${where.join(' AND ')}
       ORDER BY ts_ms ${order}, seq ${order} LIMIT ?`;

@@ -14,6 +14,9 @@ export interface ForwardProxyOptions {
   passthrough: string[];
 }
 
+/** A client that opens a tunnel and never finishes its handshake is let go after this. */
+const HANDSHAKE_TIMEOUT_MS = 10_000;
+
 /** A CONNECT target or an absolute-form URL's authority. */
 const AUTHORITY = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/;
 
@@ -144,15 +147,24 @@ export class ForwardProxy implements FrontOfHouse {
       // A client that names another intercepted host in SNI gets that host's certificate.
       SNICallback: (name, done) => done(null, isInterceptedHost(name) ? this.options.ca.contextFor(name) : context),
     });
+    // Until its handshake ends the connection is the proxy's to end at shutdown; then the HTTP server's (idle ones closed, busy ones finished).
+    this.track(socket);
+    const stalled = setTimeout(() => {
+      settle(`the TLS handshake did not finish within ${HANDSHAKE_TIMEOUT_MS / 1000} s`);
+      tls.destroy();
+    }, HANDSHAKE_TIMEOUT_MS);
+    stalled.unref();
     // One journal entry per CONNECT: when the handshake succeeds, or with why it did not.
     let settled = false;
     const settle = (error?: string) => {
       if (settled) return;
       settled = true;
+      clearTimeout(stalled);
       entry(200, 'intercept', host, port, error);
     };
     tls.once('secure', () => {
       settle();
+      this.open.delete(socket);
       this.server?.emit('connection', tls);
     });
     tls.on('error', (err) => {
@@ -163,6 +175,7 @@ export class ForwardProxy implements FrontOfHouse {
       settle(`the client closed the connection before the TLS handshake ended: most likely it does not trust the loops-mock CA (${this.options.ca.files.cert})`);
       socket.destroy();
     });
+    socket.once('close', () => tls.destroy());
   }
 
   private tunnel(socket: Socket, head: Buffer, host: string, port: number, entry: (status: number, action: ProxyAction, host: string, port: number, error?: string) => void): void {

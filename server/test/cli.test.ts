@@ -38,7 +38,8 @@ function runCli(args: string[], env: Record<string, string> = {}): Started & { r
         const m = /^([A-Z_]+)=(.*)$/.exec(line);
         if (m) vars[m[1]!] = m[2]!;
       }
-      if (vars.BASETEN_MANAGEMENT_API_URL_OVERRIDE && stdout.includes(' listening on ')) resolve();
+      // The variables and the '# ... listening on' line come in one write.
+      if (stdout.includes(' listening on ')) resolve();
     });
     void exit.then(({ code }) => reject(new Error(`exited ${code} before printing its variables: ${stderr}`)));
   });
@@ -53,14 +54,35 @@ async function call(url: string, key: string, method = 'GET', body?: unknown) {
 }
 
 describe('the loops-mock command', () => {
-  it('prints the three variables, each on its own line, with a key that works', async () => {
+  it('prints the client variables, each on its own line, with a key that works', async () => {
     const cli = runCli(['serve', '--port', '0']);
     await cli.ready;
+    expect(Object.keys(cli.vars)).toEqual(['LOOPS_BASE_URL', 'BASETEN_API_KEY', 'BASETEN_MANAGEMENT_API_URL_OVERRIDE', 'HF_ENDPOINT']);
+    expect(cli.vars.HF_ENDPOINT).toBe(`${cli.vars.LOOPS_BASE_URL}/hf`);
     expect(cli.vars.LOOPS_BASE_URL).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
     expect(cli.vars.LOOPS_BASE_URL).not.toMatch(/:0$/);
     expect(cli.vars.BASETEN_MANAGEMENT_API_URL_OVERRIDE).toBe(cli.vars.LOOPS_BASE_URL);
     const res = await call(`${cli.vars.LOOPS_BASE_URL}/v1/loops/capabilities`, cli.vars.BASETEN_API_KEY!);
     expect(res.status).toBe(200);
+    cli.child.kill('SIGTERM');
+    expect((await cli.exit).code).toBe(0);
+  });
+
+  it('in proxy mode prints exactly what an unmodified client needs: the key, HTTPS_PROXY and the CA files, no LOOPS_BASE_URL', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'cli-proxy-'));
+    dirs.push(dir);
+    const cli = runCli(['--port', '0', '--proxy', '--ca-dir', join(dir, 'ca')]);
+    await cli.ready;
+    expect(Object.keys(cli.vars)).toEqual(['BASETEN_API_KEY', 'HTTPS_PROXY', 'SSL_CERT_FILE', 'REQUESTS_CA_BUNDLE', 'NODE_EXTRA_CA_CERTS']);
+    expect(cli.vars.HTTPS_PROXY).toBe(cli.listening());
+    expect(cli.vars.SSL_CERT_FILE).toBe(join(dir, 'ca', 'ca-bundle.pem'));
+    expect(cli.vars.REQUESTS_CA_BUNDLE).toBe(cli.vars.SSL_CERT_FILE);
+    expect(cli.vars.NODE_EXTRA_CA_CERTS).toBe(join(dir, 'ca', 'ca.pem'));
+    const curl = spawn('curl', ['-sS', '--proxy', cli.vars.HTTPS_PROXY!, '--cacert', cli.vars.NODE_EXTRA_CA_CERTS!, '-H', `Authorization: Bearer ${cli.vars.BASETEN_API_KEY}`, 'https://api.baseten.co/v1/loops/capabilities']);
+    let out = '';
+    curl.stdout.on('data', (d) => { out += d; });
+    expect(await new Promise((r) => curl.on('close', r))).toBe(0);
+    expect(JSON.parse(out).supported_models.length).toBeGreaterThan(0);
     cli.child.kill('SIGTERM');
     expect((await cli.exit).code).toBe(0);
   });
