@@ -22,11 +22,11 @@ export interface ServerProcess {
 }
 
 /** Starts the built CLI (dist/) as its own process on a free port and waits for its first 200. */
-export async function startServerProcess(root: string): Promise<ServerProcess> {
+export async function startServerProcess(root: string, args: string[] = []): Promise<ServerProcess> {
   const port = await freePort();
   const base = `http://127.0.0.1:${port}`;
   const started = performance.now();
-  const child = spawn(process.execPath, [join(root, 'dist', 'server', 'cli.js'), '--port', String(port)], { stdio: 'ignore' });
+  const child = spawn(process.execPath, [join(root, 'dist', 'server', 'cli.js'), '--port', String(port), ...args], { stdio: 'ignore' });
   for (;;) {
     try {
       const res = await fetch(`${base}/v1/loops/capabilities`, { headers: { authorization: `Bearer ${BENCH_KEY}` } });
