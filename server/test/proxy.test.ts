@@ -130,6 +130,22 @@ describe('proxy mode, as clients see it', () => {
     expect(entry.host).toBe('api.baseten.co');
   });
 
+  it('answers plain-HTTP proxy requests for Baseten\'s hosts (absolute-form targets) like HTTPS ones', async () => {
+    const plain = await new Promise<{ status: number; body: string }>((resolve, reject) => {
+      const req = httpRequest({ host: '127.0.0.1', port: Number(new URL(server.url).port), path: 'http://api.baseten.co/v1/loops/capabilities', headers: { host: 'api.baseten.co', authorization: `Bearer ${KEY}` } }, (res) => {
+        let text = '';
+        res.on('data', (d: Buffer) => { text += d.toString(); });
+        res.on('end', () => resolve({ status: res.statusCode!, body: text }));
+      });
+      req.on('error', reject);
+      req.end();
+    });
+    expect(plain.status).toBe(200);
+    expect(JSON.parse(plain.body).supported_models.length).toBeGreaterThan(0);
+    const entry = server.core.journal.query({ surface: 'control' }).at(-1)!;
+    expect([entry.path, entry.host]).toEqual(['/v1/loops/capabilities', 'api.baseten.co']);
+  });
+
   it('hands out Baseten-shaped trainer, sampler and download URLs, and serves every plane on them', async () => {
     const session = (await viaProxy('https://api.baseten.co/v1/loops/sessions', { method: 'POST' })).json().session;
     const created = await viaProxy('https://api.baseten.co/v1/loops/runs', { method: 'POST', body: { session_id: session.id, base_model: 'Qwen/Qwen3.5-2B', lora_rank: 4, max_seq_len: 64 } });
