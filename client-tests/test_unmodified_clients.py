@@ -131,4 +131,4 @@ def test_model_info_reports_the_revision_and_files(run_client, endpoint_env):
     """
     out, _ = run_client(code, endpoint_env)
     assert len(out["sha"]) == 40 and out["again"] == out["sha"]
-    assert out["files"] == ["tokenizer.json", "tokenizer_config.json"]
+    assert out["files"] == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]

@@ -7,6 +7,7 @@ export * from './losses.js';
 export * from './lora.js';
 export * from './optimizer.js';
 export * from './peft.js';
+export * from './hf-model.js';
 export * from './registry.js';
 export * from './safetensors.js';
 export * from './sampling.js';

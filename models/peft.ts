@@ -1,5 +1,6 @@
 import { adapterOf, siteRank, type LoraAdapter, type LoraTensors } from './lora.js';
 import type { OptimizerState } from './optimizer.js';
+import { transpose } from './matrix.js';
 import { decodeSafetensors, encodeSafetensors, type NamedTensor } from './safetensors.js';
 import type { LoraSite } from './transformer.js';
 
@@ -20,17 +21,6 @@ export function peftModuleName(site: LoraSite): string {
   if (site.layer === null) return 'base_model.model.lm_head';
   const block = ['q_proj', 'k_proj', 'v_proj', 'o_proj'].includes(site.module) ? 'self_attn' : 'mlp';
   return `base_model.model.model.layers.${site.layer}.${block}.${site.module}`;
-}
-
-function transpose(data: Float32Array, rows: number, cols: number): Float32Array {
-  const out = new Float32Array(data.length);
-  // In blocks of columns, so that the output rows being written stay in cache (lm_head's B is rank × 151k).
-  const BLOCK = 256;
-  for (let j0 = 0; j0 < cols; j0 += BLOCK) {
-    const j1 = Math.min(cols, j0 + BLOCK);
-    for (let i = 0; i < rows; i++) for (let j = j0; j < j1; j++) out[j * rows + i] = data[i * cols + j]!;
-  }
-  return out;
 }
 
 export function adapterConfig(adapter: LoraAdapter, sites: LoraSite[], baseModel: string): Record<string, unknown> {

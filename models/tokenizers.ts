@@ -17,6 +17,8 @@ export interface LoadedTokenizer {
   vocabSize: number;
   /** Token ids that end a sequence. */
   eosTokenIds: number[];
+  /** The padding token its config names, if any (Hugging Face configs carry it). */
+  padTokenId?: number;
   encode(text: string): number[];
   decode(ids: number[]): string;
 }
@@ -94,10 +96,13 @@ function load(tokenizerPath: string, configPath: string | null, source: string):
   const tokenText = (t: unknown) => (typeof t === 'string' ? t : (t as { content?: string } | null)?.content);
   const eosTexts = [tokenText(config.eos_token), '<|endoftext|>', '<|im_end|>'].filter((x): x is string => !!x);
   const eosTokenIds = [...new Set(added.filter((a) => eosTexts.includes(a.content)).map((a) => a.id))];
+  const padText = tokenText(config.pad_token);
+  const padTokenId = padText === undefined ? undefined : added.find((a) => a.content === padText)?.id;
   return {
     source,
     vocabSize,
     eosTokenIds,
+    ...(padTokenId !== undefined ? { padTokenId } : {}),
     encode: (text) => tokenizer.encode(text, { add_special_tokens: false } as never).ids,
     decode: (ids) => tokenizer.decode(ids, { skip_special_tokens: false } as never),
   };

@@ -16,7 +16,7 @@ export interface ModelDims {
 }
 
 export const DEFAULT_DIMS: Omit<ModelDims, 'vocab'> = { dModel: 64, layers: 2, heads: 4, ffn: 128 };
-const NORM_EPS = 1e-6;
+export const NORM_EPS = 1e-6;
 export const ROPE_BASE = 10000;
 
 /** The linear maps that carry LoRA adapters, with their PEFT module names. */

@@ -1,5 +1,9 @@
 #!/usr/bin/env node
 import { ConfigError, parseOptions, parsePort, usage } from './config.js';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { EnginePool, findBaseModel, supportedModelNames, Tokenizers } from '../models/index.js';
+import { HubRepos } from './core/hub-repos.js';
 import { startServer } from './index.js';
 import { defaultCaDir, LocalCa } from './proxy/ca.js';
 import { asksForHelp, parseFlags, type FlagDefinition } from './parse-flags.js';
@@ -65,10 +69,59 @@ function ca(argv: string[]): void {
   process.stdout.write(`# loops-mock CA in ${dir}\nCA_CERT=${cert}\nCA_BUNDLE=${bundle}\n${authority.pem}`);
 }
 
+const EXPORT_USAGE = `Usage: loops-mock export-model BASE_MODEL DIR [--tokenizer NAME=PATH]
+  Writes the tiny base model behind BASE_MODEL as a Hugging Face model folder: config.json
+  (LlamaForCausalLM), generation_config.json, model.safetensors (the engine's own seeded
+  weights) and the tokenizer files; the same files the Hub mirror serves in BASE_MODEL's repo.
+  AutoModelForCausalLM.from_pretrained(DIR) then computes the mock's logprobs.`;
+
+/** `loops-mock export-model`: the Hub mirror's files of one repo, written to a folder. */
+async function exportModel(argv: string[]): Promise<void> {
+  if (asksForHelp(argv)) {
+    process.stdout.write(`${EXPORT_USAGE}\n`);
+    return;
+  }
+  const { flags, positionals } = parseFlags(argv, { tokenizer: { type: 'string', multiple: true } }, { error: (message) => new ConfigError(message), allowPositionals: true, unknownFlagSuffix: ' for export-model' });
+  const [model, dir, ...extra] = positionals;
+  if (!model || !dir || extra.length) throw new ConfigError('export-model needs BASE_MODEL and DIR, e.g. loops-mock export-model Qwen/Qwen3.5-2B ./tiny-qwen');
+  if (!findBaseModel(model)) throw new ConfigError(`'${model}' is not a supported base model; supported: ${supportedModelNames().join(', ')}`);
+  const overrides = new Map<string, string>();
+  for (const { value } of flags) {
+    const eq = value.indexOf('=');
+    if (eq <= 0 || eq === value.length - 1) throw new ConfigError(`--tokenizer must be NAME=PATH, got '${value}'`);
+    overrides.set(value.slice(0, eq), value.slice(eq + 1));
+  }
+  let tokenizers: Tokenizers;
+  try {
+    tokenizers = new Tokenizers(overrides);
+  } catch (err) {
+    throw new ConfigError((err as Error).message);
+  }
+  const engines = new EnginePool(tokenizers);
+  try {
+    process.stdout.write(`# making ${model}'s files (the weights take a moment)\n`);
+    const repo = new HubRepos(engines).repo(model);
+    const out = resolve(dir);
+    try {
+      mkdirSync(out, { recursive: true });
+      for (const f of repo.files) {
+        writeFileSync(join(out, f.name), f.content);
+        process.stdout.write(`${join(out, f.name)}  ${(f.size / 1e6).toFixed(1)} MB\n`);
+      }
+    } catch (err) {
+      throw new ConfigError(`cannot write into ${out}: ${(err as Error).message}`);
+    }
+    process.stdout.write(`# ${model}: ${repo.files.length} files in ${out} (revision ${repo.sha})\n`);
+  } finally {
+    await engines.close();
+  }
+}
+
 /** `loops-mock [serve] [flags]`: starts the server and prints the variables a Loops client needs. */
 async function main(argv: string[]): Promise<void> {
   if (argv[0] === 'record') return record(argv.slice(1));
   if (argv[0] === 'ca') return ca(argv.slice(1));
+  if (argv[0] === 'export-model') return exportModel(argv.slice(1));
   const args = argv[0] === 'serve' ? argv.slice(1) : argv;
   if (asksForHelp(args)) {
     process.stdout.write(`${usage()}\n`);
@@ -78,7 +131,7 @@ async function main(argv: string[]): Promise<void> {
     process.stdout.write(`${VERSION}\n`);
     return;
   }
-  if (args[0] !== undefined && !args[0].startsWith('-')) throw new ConfigError(`unknown command '${args[0]}' (the commands are 'serve', 'record' and 'ca')`);
+  if (args[0] !== undefined && !args[0].startsWith('-')) throw new ConfigError(`unknown command '${args[0]}' (the commands are 'serve', 'record', 'ca' and 'export-model')`);
   const options = parseOptions(args, process.env);
   const server = await startServer(options);
   const lines = Object.entries(server.env).map(([k, v]) => `${k}=${v}`);

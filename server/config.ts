@@ -312,5 +312,5 @@ export function helpOf(row: SettingRow): string {
 
 export function usage(): string {
   const lines = FLAG_ROWS.map((row) => `  --${row.flag.padEnd(18)} ${helpOf(row)}\n  ${''.padEnd(20)} env ${row.env}`);
-  return ['Usage: loops-mock [serve] [flags]', '       loops-mock record --help   (the recording proxy)', '       loops-mock ca --help       (proxy mode\'s local CA)', '', 'Flags:', ...lines, '  --help              this text', '  --version           print the version'].join('\n');
+  return ['Usage: loops-mock [serve] [flags]', '       loops-mock record --help   (the recording proxy)', '       loops-mock ca --help       (proxy mode\'s local CA)', '       loops-mock export-model --help   (the tiny base model as a Hugging Face folder)', '', 'Flags:', ...lines, '  --help              this text', '  --version           print the version'].join('\n');
 }

@@ -78,7 +78,7 @@ export class LoopsCore {
     this.clock = options.clock ?? new RealClock();
     this.engines = options.engines ?? new EnginePool();
     this.journal = new Journal(options.journalSize ?? 10_000, options.journalFile, options.journalDetail);
-    this.hub = new HubRepos(this.engines.tokenizers);
+    this.hub = new HubRepos(this.engines);
     this.startupSettings = { ...DEFAULT_SETTINGS, ...options.settings };
     this.build();
   }

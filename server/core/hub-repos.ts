@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
-import { BASE_MODELS, findBaseModel, type Tokenizers } from '../../models/index.js';
+import { BASE_MODELS, findBaseModel, hfModelFiles, type EnginePool } from '../../models/index.js';
+import { VERSION } from '../version.js';
 import { notFound } from './errors.js';
 
 /** One file of a Hub repository as the mirror serves it. */
@@ -8,8 +9,10 @@ export interface HubFile {
   /** Path inside the repo, e.g. `tokenizer.json`. */
   name: string;
   size: number;
-  /** Git's blob id of the content (what the Hub's ETag is for a file kept in git). */
+  /** Git's blob id of the content: the Hub's ETag for a file kept in git. */
   blobId: string;
+  /** For a large file the Hub keeps in LFS: its SHA-256, which is then the ETag (huggingface_hub checks a local copy against it). */
+  lfsSha256?: string;
   content: Buffer;
 }
 
@@ -25,20 +28,27 @@ export interface HubRepo {
 
 /** Revision names a repo answers to besides its commit sha. */
 const BRANCHES = ['main'];
+/** Files the Hub would keep in LFS: the weights. */
+const LFS_SUFFIX = '.safetensors';
 
 /**
  * The Hugging Face repositories loops-mock mirrors: one per supported base
- * model, holding the tokenizer files the engine itself reads (a user's
- * `--tokenizer NAME=PATH` for NAME), so that a client's tokenizer encodes
- * exactly as the mock does. Each repo has one revision, `main`, whose commit
- * sha follows from the files, so it changes when they do.
+ * model, holding what the engine itself computes with, so a client that
+ * loads from the Hub gets the mock's numbers: the tokenizer files (a user's
+ * `--tokenizer NAME=PATH` for NAME) and the tiny base model as a
+ * LlamaForCausalLM (config.json, generation_config.json, model.safetensors:
+ * the engine's seeded weights). Each repo has one revision, `main`, whose
+ * commit sha follows from the files, so it changes when they do. A repo is
+ * built on its first request (the weights take a few hundred milliseconds and
+ * about 80 MB) and kept.
  */
 export class HubRepos {
   private readonly repos = new Map<string, HubRepo>();
-  /** File contents by path: the models of one tokenizer family share their files. */
-  private readonly contents = new Map<string, { content: Buffer; blobId: string; mtime: Date }>();
+  /** Tokenizer file contents by path: the models of one tokenizer family share their files. */
+  private readonly contents = new Map<string, { content: Buffer; mtime: Date }>();
+  private readonly started = new Date();
 
-  constructor(private readonly tokenizers: Tokenizers) {}
+  constructor(private readonly engines: EnginePool) {}
 
   /** Every mirrored repo id. */
   ids(): string[] {
@@ -74,21 +84,26 @@ export class HubRepos {
   }
 
   private build(id: string): HubRepo {
-    const sources = this.tokenizers.files(id);
-    const paths: [string, string | null][] = [['tokenizer.json', sources.tokenizerJson], ['tokenizer_config.json', sources.configJson]];
-    const files: HubFile[] = [];
-    let lastModified = new Date(0);
-    for (const [name, path] of paths) {
+    const sources = this.engines.tokenizers.files(id);
+    const contents: [string, Buffer][] = [];
+    let lastModified = this.started;
+    for (const [name, path] of [['tokenizer.json', sources.tokenizerJson], ['tokenizer_config.json', sources.configJson]] as const) {
       if (!path) continue;
       let source = this.contents.get(path);
-      if (!source) {
-        const content = readFileSync(path);
-        source = { content, blobId: gitBlobId(content), mtime: statSync(path).mtime };
-        this.contents.set(path, source);
-      }
+      if (!source) this.contents.set(path, (source = { content: readFileSync(path), mtime: statSync(path).mtime }));
       if (source.mtime > lastModified) lastModified = source.mtime;
-      files.push({ name, size: source.content.length, blobId: source.blobId, content: source.content });
+      contents.push([name, source.content]);
     }
+    const engine = this.engines.get(id);
+    const tokenizer = this.engines.tokenizers.get(id);
+    const model = hfModelFiles({
+      modelName: id, dims: engine.dims, maxPositions: findBaseModel(id)!.maxContextLength, eosTokenIds: tokenizer.eosTokenIds, padTokenId: tokenizer.padTokenId, version: VERSION,
+    });
+    for (const f of model) contents.push([f.relative_file_name, Buffer.from(f.data.buffer, f.data.byteOffset, f.data.byteLength)]);
+    const files = contents.map(([name, content]): HubFile => ({
+      name, size: content.length, blobId: gitBlobId(content), content,
+      ...(name.endsWith(LFS_SUFFIX) ? { lfsSha256: createHash('sha256').update(content).digest('hex') } : {}),
+    }));
     const tree = createHash('sha1');
     for (const f of files) tree.update(`${f.name}\0${f.blobId}\n`);
     return { id, sha: tree.digest('hex'), files, lastModified };

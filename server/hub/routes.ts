@@ -37,7 +37,7 @@ export function hubRoutes(appIn: FastifyInstance, core: LoopsCore): void {
     const folder = (req.params['*'] ?? '').replace(/\/+$/, '');
     // The mirror's repos are flat: the root lists every file, any folder is absent.
     if (folder) throw new LoopsError('not_found', `${repo.id} has no folder '${folder}' at ${req.params.revision}.`, { hub_error: 'EntryNotFound', hub_commit: repo.sha });
-    return repo.files.map((f) => ({ type: 'file', oid: f.blobId, size: f.size, path: f.name }));
+    return repo.files.map((f) => ({ type: 'file', oid: f.blobId, size: f.size, path: f.name, ...(f.lfsSha256 ? { lfs: { oid: f.lfsSha256, size: f.size, pointerSize: lfsPointerSize(f) } } : {}) }));
   });
   app.get('/hf/api/models/:org/:name/tree/:revision', { schema: { tags, summary: 'Hub file tree of a revision', params: RevisionParams, querystring: TreeQuery } }, tree);
   app.get('/hf/api/models/:org/:name/tree/:revision/*', { schema: { tags, summary: 'Hub file tree of a folder (the mirror has none)', params: FileParams, querystring: TreeQuery } }, tree);
@@ -53,9 +53,12 @@ export function hubRoutes(appIn: FastifyInstance, core: LoopsCore): void {
     }
     const { repo, file } = found;
     reply.header('x-repo-commit', repo.sha);
-    reply.header('etag', `"${file.blobId}"`);
+    // A file the Hub keeps in LFS is named by its SHA-256 (what huggingface_hub checks a local copy against); others by their git blob id.
+    reply.header('etag', `"${file.lfsSha256 ?? file.blobId}"`);
+    if (file.lfsSha256) reply.header('x-linked-etag', `"${file.lfsSha256}"`).header('x-linked-size', String(file.size));
     reply.header('accept-ranges', 'bytes');
     reply.header('content-type', file.name.endsWith('.json') ? 'application/json' : 'application/octet-stream');
+    reply.header('content-disposition', `inline; filename="${file.name}"`);
     const range = req.headers.range;
     if (range === undefined) return reply.send(file.content);
     const span = parseRange(range, file.size);
@@ -85,10 +88,17 @@ function modelInfo(repo: HubRepo) {
     downloads: 0,
     likes: 0,
     library_name: 'transformers',
-    tags: ['loops-mock'],
-    siblings: repo.files.map((f) => ({ rfilename: f.name, size: f.size, blobId: f.blobId })),
+    tags: ['loops-mock', 'llama', 'text-generation'],
+    pipeline_tag: 'text-generation',
+    config: { architectures: ['LlamaForCausalLM'], model_type: 'llama' },
+    siblings: repo.files.map((f) => ({ rfilename: f.name, size: f.size, blobId: f.blobId, ...(f.lfsSha256 ? { lfs: { sha256: f.lfsSha256, size: f.size, pointerSize: lfsPointerSize(f) } } : {}) })),
     usedStorage: repo.files.reduce((n, f) => n + f.size, 0),
   };
+}
+
+/** The length of the git-lfs pointer file that stands for a file in a Hub repo's git history. */
+function lfsPointerSize(f: HubFile): number {
+  return Buffer.byteLength(`version https://git-lfs.github.com/spec/v1\noid sha256:${f.lfsSha256}\nsize ${f.size}\n`);
 }
 
 async function answer<T>(reply: FastifyReply, work: () => T): Promise<T | FastifyReply> {

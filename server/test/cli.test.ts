@@ -1,8 +1,9 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
+import { baseWeightsFor, decodeSafetensors, DEFAULT_DIMS } from '../../models/index.js';
 import { ConfigError, parseOptions } from '../index.js';
 import { REPO_ROOT } from './helpers.js';
 
@@ -140,6 +141,10 @@ describe('the loops-mock command', () => {
       [['--admin=maybe'], '--admin is a switch'],
       [['--admin', '--scenario', 'no-such-scenario'], "no shipped scenario of that name"],
       [['--journal', '/no/such/dir/journal.ndjson'], 'cannot append'],
+      [['--proxy', '--ca-dir', '/dev/null/ca'], 'cannot create the CA folder /dev/null/ca'],
+      [['export-model', 'acme/Model-1', '/tmp/x'], "'acme/Model-1' is not a supported base model"],
+      [['export-model', 'Qwen/Qwen3.5-2B'], 'export-model needs BASE_MODEL and DIR'],
+      [['ca', '--ca-dir'], '--ca-dir needs a value'],
     ] as [string[], string][]) {
       const cli = runCli(args);
       const { code, stderr } = await cli.exit;
@@ -148,6 +153,22 @@ describe('the loops-mock command', () => {
       expect(stderr).toContain(fragment);
     }
   });
+
+  it('export-model writes the Hugging Face folder the Hub mirror serves', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'cli-export-'));
+    dirs.push(dir);
+    const cli = runCli(['export-model', 'Qwen/Qwen3.5-2B', join(dir, 'tiny')]);
+    expect((await cli.exit).code).toBe(0);
+    expect(readdirSync(join(dir, 'tiny')).sort()).toEqual(['config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json']);
+    const config = JSON.parse(readFileSync(join(dir, 'tiny', 'config.json'), 'utf8'));
+    expect(config).toMatchObject({ architectures: ['LlamaForCausalLM'], num_hidden_layers: 2, hidden_size: 64, vocab_size: 151669, eos_token_id: [151643, 151645] });
+    const { tensors } = decodeSafetensors(readFileSync(join(dir, 'tiny', 'model.safetensors')));
+    expect(tensors.get('model.embed_tokens.weight')!.shape).toEqual([151669, 64]);
+    expect(tensors.get('model.layers.1.mlp.down_proj.weight')!.shape).toEqual([64, 128]);
+    // The export is the engine's own weights: the first embedding row is embed_t's first column.
+    const embedT = baseWeightsFor('Qwen/Qwen3.5-2B', { vocab: 151669, ...DEFAULT_DIMS }).find((w) => w.name === 'embed_t')!;
+    expect(tensors.get('model.embed_tokens.weight')!.data.subarray(0, 64)).toEqual(Float32Array.from({ length: 64 }, (_, i) => embedT.data[i * 151669]!));
+  }, 60_000);
 
   it('serves the admin API with --admin, applying a shipped --scenario at start', async () => {
     const cli = runCli(['--port', '0', '--admin', '--admin-token', 'sesame', '--scenario', 'lagging-replica']);

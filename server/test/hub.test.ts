@@ -30,7 +30,7 @@ describe('the Hub mirror', () => {
     expect(info.id).toBe(MODEL);
     expect(info.sha).toMatch(/^[0-9a-f]{40}$/);
     expect(info.private).toBe(false);
-    expect(info.siblings.map((s) => s.rfilename).sort()).toEqual(['tokenizer.json', 'tokenizer_config.json']);
+    expect(info.siblings.map((s) => s.rfilename).sort()).toEqual(['config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json']);
     const pinned = await fetch(`${hf}/api/models/${MODEL}/revision/${info.sha}`);
     expect(((await pinned.json()) as { sha: string }).sha).toBe(info.sha);
     const tree = await (await fetch(`${hf}/api/models/${MODEL}/tree/main?recursive=true&expand=false`)).json() as { type: string; path: string; size: number; oid: string }[];
@@ -63,9 +63,21 @@ describe('the Hub mirror', () => {
     expect(((await beyond.json()) as { error: { field: string } }).error.field).toBe('Range');
   });
 
+  it('serves the weights as the Hub serves an LFS file: named by their SHA-256', async () => {
+    const url = `${hf}/${MODEL}/resolve/main/model.safetensors`;
+    const head = await fetch(url, { method: 'HEAD' });
+    const body = Buffer.from(await (await fetch(url)).arrayBuffer());
+    const sha256 = createHash('sha256').update(body).digest('hex');
+    expect(head.headers.get('etag')).toBe(`"${sha256}"`);
+    expect(head.headers.get('x-linked-etag')).toBe(`"${sha256}"`);
+    expect(Number(head.headers.get('x-linked-size'))).toBe(body.length);
+    const config = await (await fetch(`${hf}/${MODEL}/resolve/main/config.json`)).json() as Record<string, unknown>;
+    expect(config).toMatchObject({ architectures: ['LlamaForCausalLM'], vocab_size: 151669, hidden_size: 64, tie_word_embeddings: false });
+  });
+
   it('answers every miss with the Hub\'s X-Error-Code, our error shape, and for a missing file the commit it looked in', async () => {
     const cases: [string, string, number][] = [
-      [`${hf}/${MODEL}/resolve/main/config.json`, 'EntryNotFound', 404],
+      [`${hf}/${MODEL}/resolve/main/vocab.json`, 'EntryNotFound', 404],
       [`${hf}/nobody/no-such-model/resolve/main/config.json`, 'RepoNotFound', 404],
       [`${hf}/${MODEL}/resolve/v9.9/tokenizer.json`, 'RevisionNotFound', 404],
       [`${hf}/api/models/nobody/no-such-model`, 'RepoNotFound', 404],
@@ -81,7 +93,7 @@ describe('the Hub mirror', () => {
         if (method === 'GET') expect(((await res.json()) as { error: { type: string; hub_error: string } }).error).toMatchObject({ type: 'not_found', hub_error: code });
       }
     }
-    const missing = await fetch(`${hf}/${MODEL}/resolve/main/config.json`, { method: 'HEAD' });
+    const missing = await fetch(`${hf}/${MODEL}/resolve/main/vocab.json`, { method: 'HEAD' });
     expect(missing.headers.get('x-repo-commit')).toMatch(/^[0-9a-f]{40}$/);
   });
 
@@ -97,7 +109,7 @@ describe('the Hub mirror', () => {
       expect(Buffer.from(await res.arrayBuffer()).equals(own)).toBe(true);
       // A file of its own, without a tokenizer_config.json beside it: the repo lists just what there is.
       const info = await (await fetch(`${custom.env.HF_ENDPOINT}/api/models/${MODEL}`)).json() as { siblings: { rfilename: string }[] };
-      expect(info.siblings.map((s) => s.rfilename)).toEqual(['tokenizer.json']);
+      expect(info.siblings.map((s) => s.rfilename)).toEqual(['tokenizer.json', 'config.json', 'generation_config.json', 'model.safetensors']);
     } finally {
       await custom.close();
       await engines.close();

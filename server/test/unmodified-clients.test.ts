@@ -12,7 +12,7 @@ import { REPO_ROOT, startTestServer } from './helpers.js';
 
 /**
  * Runs client-tests/ (pytest) with the real Python client libraries
- * (requests, httpx, huggingface_hub, transformers) from the venv that
+ * (requests, httpx, huggingface_hub, transformers, torch, peft) from the venv that
  * scripts/python-venv.sh makes (npm test makes it first), against two
  * servers: one direct (HF_ENDPOINT), one in proxy mode (HTTPS_PROXY and the
  * CA variables only). Then reads the servers' journals for what the clients did.
@@ -23,6 +23,9 @@ let dir: string;
 let engines: EnginePool;
 let direct: RunningServer;
 let proxy: RunningServer;
+/** A server whose unembedding LoRA takes a run's whole rank (--unembedding-rank 16), and its engines. */
+let uncapped: RunningServer;
+let uncappedEngines: EnginePool;
 let pytest: { code: number | null; output: string };
 
 beforeAll(async () => {
@@ -31,6 +34,8 @@ beforeAll(async () => {
   engines = new EnginePool();
   direct = await startTestServer({ engines });
   proxy = await startTestServer({ engines, proxy: true, caDir: join(dir, 'ca') });
+  uncappedEngines = new EnginePool(undefined, { unembeddingRank: 16 });
+  uncapped = await startTestServer({ engines: uncappedEngines });
   const tokenizers = new Tokenizers();
   const tok = tokenizers.get(MODEL);
   const prompts = [...TICKETS, ...EVAL_TICKETS].map(([t]) => prompt(t));
@@ -47,6 +52,7 @@ beforeAll(async () => {
     tokenizer_json_sha256: createHash('sha256').update(readFileSync(tokenizers.files(MODEL).tokenizerJson)).digest('hex'),
     sft_input: sftInput,
     driver: join(REPO_ROOT, 'conformance', 'drivers', 'python', 'driver.py'),
+    uncapped_url: uncapped.url,
   }));
   pytest = await new Promise((resolve) => {
     const child = spawn(PYTHON, ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', join(REPO_ROOT, 'client-tests')], {
@@ -60,6 +66,8 @@ beforeAll(async () => {
 }, 600_000);
 
 afterAll(async () => {
+  await uncapped?.close();
+  await uncappedEngines?.close();
   await proxy?.close();
   await direct?.close();
   await engines?.close();
