@@ -1,4 +1,5 @@
 import type { FastifyInstance } from 'fastify';
+import Type from 'typebox';
 import type { ServerOptions } from './config.js';
 import type { LoopsCore } from './core/core.js';
 import { adminRoutes } from './admin/routes.js';
@@ -53,6 +54,11 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
   // The Hugging Face mirror needs no key: clients send it Hub tokens, if anything.
   await app.register(async (hub) => hubRoutes(hub, core));
   if (options.admin) await app.register(async (admin) => adminRoutes(admin, core, { token: options.adminToken }));
+
+  // For CI services and scripts that wait for the server: no key, nothing but liveness (503 once shutting down).
+  app.get('/healthz', {
+    schema: { tags: ['service'], summary: 'Liveness for scripts and CI: no key needed', response: { 200: Type.Object({ status: Type.Literal('ok'), version: Type.String() }) } },
+  }, () => ({ status: 'ok' as const, version: VERSION }));
 
   app.get('/openapi.json', { schema: { hide: true } as object }, () => buildOpenApi(routes, VERSION, options.urls.root()));
 

@@ -135,6 +135,14 @@ async function main(argv: string[]): Promise<void> {
   const options = parseOptions(args, process.env);
   const server = await startServer(options);
   const lines = Object.entries(server.env).map(([k, v]) => `${k}=${v}`);
+  if (options.writeEnv) {
+    try {
+      writeFileSync(options.writeEnv, `${lines.join('\n')}\n`);
+    } catch (err) {
+      await server.close();
+      throw new ConfigError(`--write-env ${options.writeEnv}: cannot write it (${(err as Error).message})`);
+    }
+  }
   const notes = [`# loops-mock ${VERSION} listening on ${server.url}${options.dataDir ? `, state in ${options.dataDir}` : ', state in memory'}`];
   if (server.ca) notes.push(`# proxy mode: HTTPS_PROXY intercepts api.baseten.co, *.api.baseten.co, app.baseten.co and huggingface.co with the CA ${server.ca.cert}${options.proxyPassthrough.length ? `; passes through ${options.proxyPassthrough.join(', ')}` : ''}; other hosts are refused`);
   if (options.admin) notes.push(`# admin API at ${server.url}/_mock/${options.adminToken ? ' (Authorization: Bearer <admin token>)' : ''}; clock ${options.clockMode}${options.scenario ? `; scenario ${options.scenario} applied` : ''}`);

@@ -49,6 +49,8 @@ interface StartupOptions {
   caDir?: string;
   /** Hosts proxy mode tunnels untouched instead of refusing them. */
   proxyPassthrough: string[];
+  /** Also write the printed client variables to this file (KEY=value lines). */
+  writeEnv?: string;
 }
 
 /**
@@ -259,6 +261,8 @@ const ENGINE_AND_ADMIN_ROWS: StartupRowSpecs<Exclude<StartupKey, keyof typeof LI
     help: 'HOST[,HOST...]: hosts the proxy tunnels untouched instead of refusing (they win over interception)',
     parse: (v, hosts) => [...hosts, ...v.split(',').map(parseHostName)],
   },
+  // Not --env-file: Node 20 takes an --env-file anywhere on its command line for itself, even after the script.
+  writeEnv: { flag: 'write-env', default: undefined, shown: 'none', help: 'also write the printed client variables (KEY=value lines) to this file once listening, for scripts and CI services', parse: notEmpty('write-env') },
   presignTtlSeconds: { flag: 'presign-ttl-s', default: 3600, help: 'lifetime of checkpoint download URLs in seconds', parse: wholeNumber('presign-ttl-s', [1, 7 * 86400]) },
 };
 

@@ -1,8 +1,12 @@
 import { appendFileSync } from 'node:fs';
 
-/** Where a request went: a Loops plane, the admin API, the Hugging Face mirror, or the forward proxy itself (CONNECTs, refused hosts). */
-export type Surface = 'control' | 'trainer' | 'sampler' | 'admin' | 'hub' | 'proxy';
-export const SURFACES: readonly Surface[] = ['control', 'trainer', 'sampler', 'admin', 'hub', 'proxy'];
+/**
+ * Where a request went: a Loops plane, the admin API, the Hugging Face
+ * mirror, the forward proxy itself (CONNECTs, refused hosts), or the
+ * server's own service routes (/healthz, /openapi.json).
+ */
+export type Surface = 'control' | 'trainer' | 'sampler' | 'admin' | 'hub' | 'proxy' | 'service';
+export const SURFACES: readonly Surface[] = ['control', 'trainer', 'sampler', 'admin', 'hub', 'proxy', 'service'];
 
 /** What proxy mode did with a CONNECT or a plain-HTTP proxy request. */
 export type ProxyAction = 'intercept' | 'passthrough' | 'refuse';

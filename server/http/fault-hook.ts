@@ -56,7 +56,8 @@ export function faultOf(request: FastifyRequest): FaultAction | undefined {
  */
 export function installFaults(app: FastifyInstance, core: LoopsCore): void {
   app.addHook('preValidation', async (request, reply) => {
-    if (request.trace.surface === 'admin') return;
+    // Faults are for the Loops planes and the Hub: never the admin API, nor a CI script's wait on /healthz.
+    if (request.trace.surface === 'admin' || request.trace.surface === 'service') return;
     const decided = core.faults.decide(factsOf(core, request));
     if (!decided) return;
     request.trace.fault = decided;

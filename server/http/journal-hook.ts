@@ -27,6 +27,7 @@ export function surfaceOf(url: string): Surface {
   if (url.startsWith('/trainer/')) return 'trainer';
   if (url.startsWith('/sampler/')) return 'sampler';
   if (url.startsWith('/hf/') || url === '/hf') return 'hub';
+  if (url === '/healthz' || url === '/openapi.json' || url.startsWith('/healthz?')) return 'service';
   return 'control';
 }
 

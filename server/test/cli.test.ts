@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { baseWeightsFor, decodeSafetensors, DEFAULT_DIMS } from '../../models/index.js';
-import { ConfigError, parseOptions } from '../index.js';
+import { ConfigError, parseOptions, VERSION } from '../index.js';
 import { REPO_ROOT } from './helpers.js';
 
 const CLI = join(REPO_ROOT, 'server', 'cli.ts');
@@ -55,9 +55,14 @@ async function call(url: string, key: string, method = 'GET', body?: unknown) {
 }
 
 describe('the loops-mock command', () => {
-  it('prints the client variables, each on its own line, with a key that works', async () => {
-    const cli = runCli(['serve', '--port', '0']);
+  it('prints the client variables, each on its own line, with a key that works; --write-env writes them too; /healthz needs no key', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'cli-env-'));
+    dirs.push(dir);
+    const cli = runCli(['serve', '--port', '0', '--write-env', join(dir, 'loops.env')]);
     await cli.ready;
+    expect(readFileSync(join(dir, 'loops.env'), 'utf8')).toBe(`${Object.entries(cli.vars).map(([k, v]) => `${k}=${v}`).join('\n')}\n`);
+    const health = await fetch(`${cli.vars.LOOPS_BASE_URL}/healthz`);
+    expect([health.status, await health.json()]).toEqual([200, { status: 'ok', version: VERSION }]);
     expect(Object.keys(cli.vars)).toEqual(['LOOPS_BASE_URL', 'BASETEN_API_KEY', 'BASETEN_MANAGEMENT_API_URL_OVERRIDE', 'HF_ENDPOINT']);
     expect(cli.vars.HF_ENDPOINT).toBe(`${cli.vars.LOOPS_BASE_URL}/hf`);
     expect(cli.vars.LOOPS_BASE_URL).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
@@ -145,6 +150,7 @@ describe('the loops-mock command', () => {
       [['export-model', 'acme/Model-1', '/tmp/x'], "'acme/Model-1' is not a supported base model"],
       [['export-model', 'Qwen/Qwen3.5-2B'], 'export-model needs BASE_MODEL and DIR'],
       [['ca', '--ca-dir'], '--ca-dir needs a value'],
+      [['--port', '0', '--write-env', '/dev/null/loops.env'], '--write-env /dev/null/loops.env: cannot write it'],
     ] as [string[], string][]) {
       const cli = runCli(args);
       const { code, stderr } = await cli.exit;
