@@ -10,6 +10,15 @@ export type { DecodeRow, DecodeState, RowCache, ScoredSequence } from './feeds.j
 
 export type Device = 'cpu' | 'cuda';
 
+/** A graph kind's first use on an engine: its session is built then, which takes a moment on a cold engine. */
+export interface GraphBuildEvent {
+  model: string;
+  kind: GraphKind;
+  phase: 'start' | 'done';
+  /** With `done`: building and the first run together. */
+  ms?: number;
+}
+
 export interface EngineOptions {
   device?: Device;
   /** Threads for one graph run (default: every core). */
@@ -312,9 +321,21 @@ export class ModelEngine {
 
   /** Runs a graph now: only from a turn already taken in the engine's queue. */
   private async runNow(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[], adapter: LoraAdapter, merged = false): Promise<Record<string, Float32Array>> {
+    // A graph kind's first run builds its session (seconds, on a cold engine): said, for a person waiting on it.
+    const first = !this.ranKinds.has(kind);
+    const started = first ? performance.now() : 0;
+    if (first) {
+      this.ranKinds.add(kind);
+      this.onGraphBuild?.({ model: this.modelName, kind, phase: 'start' });
+    }
     const result = await this.runner.run({ kind, merged, feeds, outputs, adapter: { id: adapter.id, version: adapter.version, feeds: loraFeeds(this.sites, adapter) } });
+    if (first) this.onGraphBuild?.({ model: this.modelName, kind, phase: 'done', ms: performance.now() - started });
     return Object.fromEntries(outputs.map((n) => [n, result[n]!.data as Float32Array]));
   }
+
+  private readonly ranKinds = new Set<GraphKind>();
+  /** Told when a graph kind is first built and run on this engine (EnginePool.onGraphBuild). */
+  onGraphBuild?: (event: GraphBuildEvent) => void;
 }
 
 /** Requests that may share one graph run: the same adapter version and the same decode graph. */

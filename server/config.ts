@@ -18,6 +18,8 @@ interface StartupOptions {
   /** When non-empty, only these keys are accepted. */
   apiKeys: ApiKeySpec[];
   logLevel: LogLevelName;
+  /** pretty (a terminal's default) or json (pino's NDJSON, the default elsewhere). */
+  logFormat: 'pretty' | 'json';
   /** Largest request body, in bytes. */
   bodyLimit: number;
   /** Lifetime of presigned checkpoint-file URLs. */
@@ -200,7 +202,7 @@ function liveRows(): SettingRow[] {
   });
 }
 
-const LISTENING_ROWS: StartupRowSpecs<'port' | 'host' | 'publicUrl' | 'dataDir' | 'apiKeys' | 'logLevel' | 'bodyLimit'> = {
+const LISTENING_ROWS: StartupRowSpecs<'port' | 'host' | 'publicUrl' | 'dataDir' | 'apiKeys' | 'logLevel' | 'logFormat' | 'bodyLimit'> = {
   port: { flag: 'port', default: 8787, help: 'port to listen on; 0 picks a free one', parse: parsePort },
   host: { flag: 'host', default: '127.0.0.1', help: 'address to listen on', parse: notEmpty('host') },
   publicUrl: {
@@ -218,7 +220,11 @@ const LISTENING_ROWS: StartupRowSpecs<'port' | 'host' | 'publicUrl' | 'dataDir' 
     help: 'KEY[:ORG[:TEAM]]; repeatable; when given, only these keys are accepted',
     parse: (v, keys) => [...keys, ...v.split(',').map(parseApiKey)],
   },
-  logLevel: { flag: 'log-level', default: 'warn', help: `server log level on stderr: ${LOG_LEVELS.join(', ')}`, parse: oneOf('log-level', LOG_LEVELS, `one of ${LOG_LEVELS.join(', ')}`) },
+  logLevel: { flag: 'log-level', default: 'info', help: `server log level on stderr: ${LOG_LEVELS.join(', ')}; info has a line per request and every lifecycle event, warn only problems`, parse: oneOf('log-level', LOG_LEVELS, `one of ${LOG_LEVELS.join(', ')}`) },
+  logFormat: {
+    flag: 'log-format', default: process.stderr.isTTY ? 'pretty' : 'json', shown: 'pretty on a terminal, else json',
+    help: 'pretty: one short line per request or event; json: one JSON object per line (pino)', parse: oneOf('log-format', ['pretty', 'json'], 'pretty or json'),
+  },
   bodyLimit: { flag: 'body-limit', default: 32 * 1024 * 1024, help: 'largest request body in bytes', parse: wholeNumber('body-limit', [1024, 2 ** 31]) },
 };
 

@@ -11,6 +11,7 @@ import { HubRepos } from './hub-repos.js';
 import { Journal, type JournalDetail } from './journal.js';
 import { Operations } from './operations.js';
 import { Progress } from './progress.js';
+import type { LogRecord } from './records.js';
 import { SamplerWeights } from './sampler-weights.js';
 import { Trainers } from './trainers.js';
 import { SamplerReplicas } from './replicas.js';
@@ -73,6 +74,7 @@ export class LoopsCore {
   /** Aborted when this generation of parts stops (shutdown or reset): every wait that could outlast it ends. */
   private stopping = new AbortController();
   private readonly resetListeners: (() => void)[] = [];
+  private readonly lifecycleListeners: ((line: LogRecord) => void)[] = [];
 
   constructor(private readonly options: CoreOptions = {}) {
     this.clock = options.clock ?? new RealClock();
@@ -89,7 +91,7 @@ export class LoopsCore {
     this.stopping = new AbortController();
     this.store = new Store(o.dataDir);
     this.accounts = new Accounts(this.store, this.clock, o.apiKeys ?? []);
-    this.logs = new DeploymentLogs(this.store, this.clock);
+    this.logs = new DeploymentLogs(this.store, this.clock, (line) => { for (const l of this.lifecycleListeners) l(line); });
     this.traffic = new Traffic(this.clock);
     this.checkpoints = new Checkpoints(this.store, this.clock, o.dataDir, o.presignTtlMs ?? 3_600_000);
     this.fleet = new Fleet(this.store, this.clock, this.logs, this.checkpoints, this.settings);
@@ -99,7 +101,7 @@ export class LoopsCore {
     this.operations = new Operations(this.clock, this.settings, this.progress);
     this.samplerWeights = new SamplerWeights();
     this.trainers = new Trainers(this.fleet, this.checkpoints, this.engines, this.operations, this.samplerWeights);
-    this.replicas = new SamplerReplicas(this.fleet, this.checkpoints, this.engines, this.samplerWeights, this.clock, this.settings, this.stopping.signal);
+    this.replicas = new SamplerReplicas(this.fleet, this.checkpoints, this.engines, this.samplerWeights, this.clock, this.settings, this.logs, this.stopping.signal);
     this.sampling = new Sampling(this.fleet, this.replicas, this.engines, this.clock, this.settings);
   }
 
@@ -121,6 +123,11 @@ export class LoopsCore {
     this.journal.clear();
     this.build();
     for (const listener of this.resetListeners) listener();
+  }
+
+  /** Told of every lifecycle event (run created, sampler ACTIVE, a publication live on a replica, a run stopped...), across resets. */
+  onLifecycle(listener: (line: LogRecord) => void): void {
+    this.lifecycleListeners.push(listener);
   }
 
   /** Runs after each reset, on the fresh parts (the start-up scenario is applied again this way). */

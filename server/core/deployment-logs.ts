@@ -7,10 +7,13 @@ import type { LogQuery, Store } from './store.js';
  * its trainer or sampler served. What `GET /deployments/{id}/logs` returns.
  */
 export class DeploymentLogs {
-  constructor(private readonly store: Store, private readonly clock: Clock) {}
+  /** @param onLifecycle told of every line that is not a request's (lifecycle events, for the server log) */
+  constructor(private readonly store: Store, private readonly clock: Clock, private readonly onLifecycle: (line: LogRecord) => void = () => undefined) {}
 
   add(deploymentId: string, level: LogLevel, message: string, replica: string | null = null, requestId: string | null = null): void {
-    this.store.appendLog({ deployment_id: deploymentId, ts_ms: this.clock.now(), level, message, replica, request_id: requestId });
+    const line = { deployment_id: deploymentId, ts_ms: this.clock.now(), level, message, replica, request_id: requestId };
+    this.store.appendLog(line);
+    if (requestId === null) this.onLifecycle(line);
   }
 
   query(q: LogQuery): LogRecord[] {

@@ -43,6 +43,8 @@ export interface JournalEntry {
   /** What the answer said that clients act on: error type, operation status and class, policy version. */
   response?: {
     error_type?: string;
+    /** The error's message, cut to 300 characters: what the server log prints beside a refused request. */
+    error_message?: string;
     operation_status?: string;
     error_class?: string;
     policy_version?: number;
@@ -78,6 +80,7 @@ export class Journal {
   private nextSeq = 1;
   /** Entries the ring buffer let go of, oldest first. */
   private dropped = 0;
+  private readonly listeners: ((entry: JournalEntry) => void)[] = [];
 
   constructor(private readonly capacity: number, private readonly file?: string, readonly detail: JournalDetail = 'summary') {}
 
@@ -91,8 +94,14 @@ export class Journal {
     return this.nextSeq++;
   }
 
+  /** Called with every entry as it is recorded (the server log prints one line per request from it). */
+  onRecord(listener: (entry: JournalEntry) => void): void {
+    this.listeners.push(listener);
+  }
+
   /** Records a finished request; its place is its arrival order. */
   record(entry: JournalEntry): void {
+    for (const listener of this.listeners) listener(entry);
     // Finishing order differs from arrival order only for requests that overlapped: insert from the back.
     let at = this.entries.length;
     while (at > 0 && this.entries[at - 1]!.seq > entry.seq) at--;

@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 import { readAdapter, zeroAdapter, type EnginePool, type LoraAdapter } from '../../models/index.js';
 import { parseCheckpointPath, type Checkpoints } from './checkpoints.js';
 import type { Clock, Timer } from './clock.js';
+import type { DeploymentLogs } from './deployment-logs.js';
 import { LoopsError, notFound } from './errors.js';
 import type { Fleet } from './fleet.js';
 import type { SamplerRecord } from './records.js';
@@ -82,6 +83,7 @@ export class SamplerReplicas {
     private readonly weights: SamplerWeights,
     private readonly clock: Clock,
     private readonly options: ReplicaOptions,
+    private readonly logs: DeploymentLogs,
     /** Aborted at shutdown or reset: a request waiting for its floor is answered then instead of holding the server open. */
     private readonly stopSignal: AbortSignal = new AbortController().signal,
   ) {
@@ -177,10 +179,11 @@ export class SamplerReplicas {
     if (!s) return;
     // The replicas exist from the sampler's creation: even a first publication goes live after each one's delay.
     const state = this.state(s);
-    for (const replica of state.replicas) this.syncReplica(state, replica, publication);
+    this.log(s, `Sampler ${s.id}: policy version ${publication.version} published (${publication.path}); ${state.replicas.length} replica(s) syncing`);
+    for (const replica of state.replicas) this.syncReplica(s, state, replica, publication);
   }
 
-  private syncReplica(state: SamplerState, replica: Replica, publication: Publication): void {
+  private syncReplica(s: SamplerRecord, state: SamplerState, replica: Replica, publication: Publication): void {
     if (publication.version < replica.liveVersion) return;
     if (replica.paused) {
       if (!replica.pending || replica.pending.version < publication.version) replica.pending = publication;
@@ -194,10 +197,15 @@ export class SamplerReplicas {
       if (publication.version < replica.liveVersion) return;
       replica.adapter = publication.adapter;
       replica.liveVersion = publication.version;
+      this.log(s, `Sampler ${s.id} replica ${replica.index}: policy version ${publication.version} live`, replica.index);
       for (const w of [...state.waiters]) w();
     };
     if (delay <= 0) goLive();
     else replica.syncing = { version: publication.version, timer: this.clock.setTimer(delay, goLive) };
+  }
+
+  private log(s: SamplerRecord, message: string, replica = 0): void {
+    this.logs.add(this.fleet.deploymentOfSampler(s.id), 'INFO', message, `sampler-${replica}`);
   }
 
   private delayOf(replica: Replica): number {
@@ -241,7 +249,7 @@ export class SamplerReplicas {
       replica.paused = false;
       const pending = replica.pending;
       replica.pending = null;
-      if (pending) this.syncReplica(state, replica, pending);
+      if (pending) this.syncReplica(s, state, replica, pending);
     }
     return this.replicaStates(s)[index]!;
   }

@@ -1,5 +1,5 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import Fastify, { type FastifyInstance, type RouteOptions } from 'fastify';
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type RouteOptions } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { LoopsCore } from '../core/core.js';
 import { LoopsError } from '../core/errors.js';
@@ -7,11 +7,14 @@ import { VERSION } from '../version.js';
 import { installErrorHandler, installNotFoundHandler, sendError } from './errors.js';
 import { installFaults } from './fault-hook.js';
 import { installJournal } from './journal-hook.js';
+import { createServerLog, logRequest, type LogFormat } from './server-log.js';
 import { serializerCompiler, validatorCompiler } from './validation.js';
 
 export interface BaseAppOptions {
   bodyLimit: number;
   logLevel: string;
+  /** pretty: one short line each, for a terminal; json: pino's NDJSON. */
+  logFormat: LogFormat;
   /** What stands before the app on its port (proxy mode's forward proxy); without it the port serves the app alone. */
   front?: FrontOfHouse;
 }
@@ -39,8 +42,11 @@ const KEEP_ALIVE_TIMEOUT_MS = 72_000;
  */
 export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: FastifyInstance; routes: RouteOptions[] } {
   const front = options.front;
+  const log = createServerLog(options.logLevel, options.logFormat);
   const app = Fastify({
-    logger: { level: options.logLevel, stream: process.stderr },
+    loggerInstance: log as unknown as FastifyBaseLogger,
+    // One line per request comes from the journal instead (below): with the error's type and message.
+    logController: new LogController({ disableRequestLogging: true }),
     ...(front ? {
       rewriteUrl: (req: IncomingMessage) => front.rewriteUrl(req),
       serverFactory: (handler: (req: IncomingMessage, res: ServerResponse) => void) => {
@@ -96,6 +102,17 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
   });
 
   installErrorHandler(app, options.bodyLimit);
+  core.journal.onRecord((entry) => logRequest(log, entry));
+  core.onLifecycle((line) => (line.level === 'INFO' ? log.info(line.message) : log.warn(line.message)));
+  // Engines may outlive this app (shared by a test suite's servers): stop listening when it closes.
+  const unlisten = core.engines.onGraphBuild((e) => log.info(e.phase === 'start'
+    ? `${e.model}: building the '${e.kind}' graph (first use; a moment)`
+    : `${e.model}: '${e.kind}' graph ready (${((e.ms ?? 0) / 1000).toFixed(1)} s with its first run)`));
+  // Shutdown and reset end the server's log lines with the server, not in the middle of a test's output.
+  app.addHook('onClose', async () => {
+    unlisten();
+    log.flush?.();
+  });
   // Root-level hooks: they run for every front door registered later.
   installJournal(app, core, front ? (req) => front.foreignHostOf(req) : undefined);
   installFaults(app, core);

@@ -66,6 +66,7 @@ function bodyFacts(payload: unknown): { facts: NonNullable<JournalEntry['respons
   if (error && typeof error === 'object') {
     if (typeof error.type === 'string') facts.error_type = error.type;
     if (typeof error.error_class === 'string') facts.error_class = error.error_class;
+    if (typeof error.message === 'string') facts.error_message = error.message.slice(0, 300);
   }
   if (body.status === 'done' || body.status === 'error') facts.operation_status = body.status;
   if (typeof body.policy_version === 'number') facts.policy_version = body.policy_version;

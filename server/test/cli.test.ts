@@ -158,7 +158,34 @@ describe('the loops-mock command', () => {
       expect(stderr.trim().split('\n'), args.join(' ')).toHaveLength(1);
       expect(stderr).toContain(fragment);
     }
-  });
+  }, 90_000);
+
+  it('logs one line per request (with the reason of a 4xx) and each lifecycle event, pretty or as JSON', async () => {
+    for (const format of ['pretty', 'json'] as const) {
+      const cli = runCli(['--port', '0', '--log-format', format]);
+      await cli.ready;
+      const base = cli.vars.LOOPS_BASE_URL!;
+      const session = (await call(`${base}/v1/loops/sessions`, 'k', 'POST')).body.session.id;
+      expect((await call(`${base}/v1/loops/runs`, 'k', 'POST', { session_id: session, base_model: 'Qwen/Qwen3.5-2B', lora_rank: 500 })).status).toBe(400);
+      const run = (await call(`${base}/v1/loops/runs`, 'k', 'POST', { session_id: session, base_model: 'Qwen/Qwen3.5-2B', lora_rank: 4 })).body.run;
+      const op = (await call(`${run.base_url}/save_weights_for_sampler`, 'k', 'POST', { name: 'logged' })).body.operation_id;
+      expect((await call(`${run.base_url}/operations/${op}`, 'k')).body.status).toBe('done');
+      await call(`${base}/v1/loops/runs/${run.id}/deactivate`, 'k', 'POST');
+      cli.child.kill('SIGTERM');
+      const { code, stderr } = await cli.exit;
+      expect(code).toBe(0);
+      const lines = stderr.trim().split('\n').filter((l) => !/ExperimentalWarning|--trace-warnings/.test(l));
+      const messages = format === 'json' ? lines.map((l) => (JSON.parse(l) as { msg: string }).msg) : lines;
+      const has = (pattern: RegExp) => expect(messages.some((m) => pattern.test(m)), `${format}: ${pattern}\n${messages.join('\n')}`).toBe(true);
+      has(/POST \/v1\/loops\/sessions 200 [\d.]+ ms/);
+      has(/POST \/v1\/loops\/runs 400 [\d.]+ ms invalid_request: lora_rank 500 is too large/);
+      has(new RegExp(`Run ${run.id} .* started in session ${session}`));
+      has(new RegExp(`Sampler ${run.sampler.id} is ACTIVE`));
+      has(new RegExp(`Sampler ${run.sampler.id} replica 0: policy version 0 live`));
+      has(new RegExp(`Run ${run.id} INACTIVE: deactivated`));
+      if (format === 'pretty') expect(lines.find((l) => l.includes('/v1/loops/sessions 200'))).toMatch(/^\d\d:\d\d:\d\d\.\d{3} INFO  POST/);
+    }
+  }, 60_000);
 
   it('export-model writes the Hugging Face folder the Hub mirror serves', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'cli-export-'));

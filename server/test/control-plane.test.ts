@@ -377,6 +377,24 @@ describe('every response', () => {
     expect(doc.paths['/v1/loops/runs'].post.requestBody.content['application/json'].schema.required).toEqual(['session_id', 'base_model']);
   });
 
+  it('gives every operation a unique operationId and declares the headers the protocol relies on', async () => {
+    const doc = (await api.get('/openapi.json')).body;
+    const operations = Object.entries<Record<string, any>>(doc.paths).flatMap(([path, item]) => Object.entries<any>(item).map(([method, op]) => ({ path, method, op })));
+    expect(operations.length).toBeGreaterThan(50);
+    const ids = operations.map((o) => o.op.operationId);
+    expect(ids.every((id) => typeof id === 'string' && /^[a-z][A-Za-z0-9]+$/.test(id))).toBe(true);
+    expect(new Set(ids).size).toBe(ids.length);
+    expect(doc.paths['/v1/loops/runs/{run_id}'].get.operationId).toBe('getV1LoopsRunsByRunId');
+    const headersOf = (path: string, method: string) => doc.paths[path][method].parameters.filter((p: any) => p.in === 'header').map((p: any) => p.name);
+    expect(headersOf('/trainer/{run_id}/forward_backward', 'post')).toEqual(['Idempotency-Key']);
+    expect(headersOf('/trainer/{run_id}/operations/{operation_id}', 'get')).toEqual([]);
+    for (const route of ['/sampler/{sampler_id}/sample', '/sampler/{sampler_id}/compute_logprobs', '/sampler/{sampler_id}/v1/completions']) {
+      expect(headersOf(route, 'post')).toEqual(['X-Min-Policy-Version', 'X-Affinity-Key']);
+    }
+    expect(doc.paths['/sampler/{sampler_id}/sample'].post.responses['4XX'].headers['Retry-After']).toBeTruthy();
+    expect(doc.paths['/healthz'].get.security).toEqual([]);
+  });
+
   it('answers unknown trainer and sampler ids with 404', async () => {
     expect((await server.app.inject({ method: 'GET', url: '/trainer/zzzzzzz/health' })).statusCode).toBe(404);
     expect((await server.app.inject({ method: 'GET', url: '/sampler/zzzzzzz/health' })).statusCode).toBe(404);
