@@ -17,7 +17,7 @@ export { LoopsCore, type CoreOptions } from './core/core.js';
 export { buildApp } from './app.js';
 export { parseOptions, ConfigError, DEFAULTS, type ServerOptions } from './config.js';
 export { VERSION } from './version.js';
-export { MockAdmin } from './admin/client.js';
+export { MockAdmin, MockAdminError } from './admin/client.js';
 export { directUrls, type PublicUrls } from './http/public-urls.js';
 export { basetenUrls } from './proxy/baseten-hosts.js';
 export { defaultCaDir, LocalCa } from './proxy/ca.js';
