@@ -104,7 +104,8 @@ function load(tokenizerPath: string, configPath: string | null, source: string):
     eosTokenIds,
     ...(padTokenId !== undefined ? { padTokenId } : {}),
     encode: (text) => tokenizer.encode(text, { add_special_tokens: false } as never).ids,
-    decode: (ids) => tokenizer.decode(ids, { skip_special_tokens: false } as never),
+    // The library refuses an empty list; no tokens are the empty text (a completion of max_tokens 0).
+    decode: (ids) => (ids.length ? tokenizer.decode(ids, { skip_special_tokens: false } as never) : ''),
   };
 }
 

@@ -177,6 +177,9 @@ describe('sampling routes', () => {
     expect((await c.call('POST', `${sampler}/v1/completions`, { prompt: [1, 2, 3], n: 2, max_tokens: 2 })).body.choices).toHaveLength(2);
     expect((await c.call('POST', `${sampler}/v1/completions`, { model: 'gpt-4', prompt: 'x' })).status).toBe(404);
     expect((await c.call('POST', `${sampler}/v1/completions`, { prompt: 'x', stream: true })).status).toBe(400);
+    // Nothing asked for, nothing given: an empty completion, not a 500.
+    const none = await c.call('POST', `${sampler}/v1/completions`, { prompt: 'Hello', max_tokens: 0 });
+    expect([none.status, none.body.choices[0].text, none.body.choices[0].finish_reason, none.body.usage.completion_tokens]).toEqual([200, '', 'length', 0]);
   });
 
   it('refuses bad input with a 400 naming the field', async () => {
