@@ -22,6 +22,7 @@ export function logsReply(ctx: ControlContext, deploymentId: string, q: Static<t
   return { logs: logs.map((l) => ctx.views.log(l)) };
 }
 const MAX_POINTS = 1000;
+const MAX_EPOCH_MS = 253_402_300_799_999;
 
 /** Loops deployments (the long-lived trainer + sampler pairs), with their logs and metrics. */
 export function deploymentRoutes(app: TypedApp, ctx: ControlContext, dataDir: string | undefined): void {
@@ -52,6 +53,13 @@ export function deploymentRoutes(app: TypedApp, ctx: ControlContext, dataDir: st
   }, (req) => {
     const d = core.fleet.getDeployment(req.principal, req.params.deployment_id);
     const body = req.body ?? {};
+    for (const field of ['start_epoch_millis', 'end_epoch_millis'] as const) {
+      const v = body[field];
+      // Within years 1970..9999: beyond, a Date cannot show it, and near 2^53 a step no longer moves the time at all.
+      if (v !== undefined && v !== null && !(Number.isSafeInteger(v) && v >= 0 && v <= MAX_EPOCH_MS)) {
+        throw invalid(`${field} must be epoch milliseconds from 0 to ${MAX_EPOCH_MS} (the year 9999), got ${v}.`, { field: `body.${field}` });
+      }
+    }
     const end = body.end_epoch_millis ?? core.clock.now();
     const start = body.start_epoch_millis ?? end - HOUR_MS;
     if (start >= end) throw invalid('start_epoch_millis must be before end_epoch_millis.', { field: 'body.start_epoch_millis' });

@@ -17,7 +17,8 @@ export function modelInputTokens(input: ModelInputWire, field: string, limits: {
     if (chunk.type !== 'encoded_text' || !chunk.tokens) {
       throw invalid(`${field}.chunks[${c}] is a '${chunk.type}' chunk: loops-mock ${limits.use} text; send {"type": "encoded_text", "tokens": [...]}.`, { field: `${field}.chunks[${c}].type` });
     }
-    tokens.push(...chunk.tokens);
+    // One at a time: spreading a client-sized array into push() overflows the stack beyond ~100k ids.
+    for (const t of chunk.tokens) tokens.push(t);
   });
   if (!tokens.length) throw invalid(`${field} has no tokens.`, { field });
   if (tokens.length > limits.maxLength) throw invalid(`${field} has ${tokens.length} tokens; the ${limits.lengthName} is ${limits.maxLength}.`, { field });

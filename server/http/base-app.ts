@@ -31,6 +31,28 @@ export interface FrontOfHouse {
   foreignHostOf(req: IncomingMessage): string | undefined;
 }
 
+/** The path of the first number in a parsed body that is not finite, if any. */
+function nonFiniteAt(value: unknown, path: string): string | null {
+  if (typeof value === 'number') return Number.isFinite(value) ? null : path;
+  if (Array.isArray(value)) {
+    for (let i = 0; i < value.length; i++) {
+      const v = value[i];
+      if (typeof v === 'number' ? !Number.isFinite(v) : v !== null && typeof v === 'object') {
+        const found = nonFiniteAt(v, `${path}[${i}]`);
+        if (found) return found;
+      }
+    }
+    return null;
+  }
+  if (value !== null && typeof value === 'object') {
+    for (const [k, v] of Object.entries(value)) {
+      const found = nonFiniteAt(v, `${path}.${k}`);
+      if (found) return found;
+    }
+  }
+  return null;
+}
+
 /** Fastify's own default, kept when the server is made here. */
 const KEEP_ALIVE_TIMEOUT_MS = 72_000;
 
@@ -94,11 +116,16 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
   app.addContentTypeParser('application/json', { parseAs: 'string' }, (_request, body, done) => {
     const text = (body as string).trim();
     if (!text) return done(null, null);
+    let parsed: unknown;
     try {
-      done(null, JSON.parse(text));
+      parsed = JSON.parse(text);
     } catch (err) {
-      done(new LoopsError('invalid_request', `The body is not valid JSON: ${(err as Error).message}.`, { field: 'body' }), undefined);
+      return done(new LoopsError('invalid_request', `The body is not valid JSON: ${(err as Error).message}.`, { field: 'body' }), undefined);
     }
+    // A number beyond float64 (1e400) parses to Infinity and would poison the model: refused here, for every route.
+    const bad = nonFiniteAt(parsed, 'body');
+    if (bad) return done(new LoopsError('invalid_request', `${bad} is not a finite number (JSON numbers beyond ±1.8e308 read as infinity); send a finite value.`, { field: bad }), undefined);
+    done(null, parsed);
   });
 
   installErrorHandler(app, options.bodyLimit);

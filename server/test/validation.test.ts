@@ -112,3 +112,46 @@ describe('never a 500 for client input', () => {
     expect(({} as Record<string, unknown>).polluted).toBeUndefined();
   });
 });
+
+describe('numbers and sizes a client can send that once broke the server', () => {
+  it('refuses a JSON number beyond float64 (1e400 reads as Infinity) on any route, naming where it is', async () => {
+    const big = await startTestServer();
+    try {
+      const run = await newRun(client(big));
+      const cases: [string, string, string][] = [
+        ['/v1/loops/runs', `{"session_id":"x","base_model":"Qwen/Qwen3-8B","lora_rank":1e400}`, 'body.lora_rank'],
+        [`/trainer/${run.id}/init_trainer_server`, '{"lora_rank":4,"lora_alpha":1e400}', 'body.lora_alpha'],
+        [`/trainer/${run.id}/forward`, '{"data":[{"model_input":{"chunks":[{"type":"encoded_text","tokens":[1,2,3]}]},"loss_fn_inputs":{"weights":{"data":[1,-1e999,1],"dtype":"float32"}}}],"loss_fn":"cross_entropy"}', 'body.data[0].loss_fn_inputs.weights.data[1]'],
+        [`/sampler/${run.sampler.id}/sample`, '{"prompt":{"chunks":[{"type":"encoded_text","tokens":[1]}]},"sampling_params":{"temperature":1e400}}', 'body.sampling_params.temperature'],
+      ];
+      for (const [url, payload, field] of cases) {
+        const res = await big.app.inject({ method: 'POST', url, headers: { authorization: `Bearer ${big.apiKey}`, 'content-type': 'application/json' }, payload });
+        expect(res.statusCode, url).toBe(400);
+        expect(res.json().error.field, url).toBe(field);
+        expect(res.json().error.message, url).toMatch(/not a finite number/);
+      }
+    } finally {
+      await big.close();
+    }
+  });
+
+  it('answers 400, not 500, for a token list of 200,000 ids and for metrics at epochs no Date can show', async () => {
+    const big = await startTestServer();
+    try {
+      const api2 = client(big);
+      const run = await newRun(api2, { max_seq_len: 64 });
+      const tokens = Array.from({ length: 200_000 }, (_, i) => i % 1000);
+      const res = await api2.post(`/trainer/${run.id}/forward`, { data: [{ model_input: { chunks: [{ type: 'encoded_text', tokens }] } }], loss_fn: 'cross_entropy' });
+      expect([res.status, res.body.error.field]).toEqual([400, 'data[0].model_input']);
+      expect(res.body.error.message).toMatch(/200000 tokens; the run's max_seq_len is 64/);
+      const deployment = run.deployment_id;
+      for (const body of [{ start_epoch_millis: 2 ** 70, end_epoch_millis: 2 ** 70 + 1 }, { start_epoch_millis: 0, end_epoch_millis: 9e15 }]) {
+        const m = await api2.post(`/v1/loops/deployments/${deployment}/metrics`, body);
+        expect(m.status, JSON.stringify(body)).toBe(400);
+        expect(m.body.error.message).toMatch(/epoch milliseconds from 0 to 253402300799999/);
+      }
+    } finally {
+      await big.close();
+    }
+  });
+});
