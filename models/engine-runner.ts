@@ -80,8 +80,24 @@ export class WorkerRunner implements Runner {
     return new Promise((resolve, reject) => {
       this.pending.set(id, { resolve, reject });
       if (this.pending.size === 1) worker.ref();
-      worker.postMessage({ id, ...msg });
+      try {
+        worker.postMessage({ id, ...msg });
+      } catch (err) {
+        // Not handed over (a message too large to clone, say): this call fails alone, and nothing is left
+        // pending for close() to wait on.
+        this.settle(id);
+        reject(new Error(`The model engine could not take this work: ${(err as Error).message}`));
+      }
     });
+  }
+
+  /** Forgets a call; the last one lets the worker go idle and a waiting close() proceed. */
+  private settle(id: number): void {
+    this.pending.delete(id);
+    if (this.pending.size === 0) {
+      this.worker?.unref();
+      this.drained?.();
+    }
   }
 
   private start(): Worker {
@@ -94,11 +110,7 @@ export class WorkerRunner implements Runner {
     worker.on('message', (msg: { id: number; outputs?: Record<string, Feed>; error?: { name: string; message: string } }) => {
       const p = this.pending.get(msg.id);
       if (!p) return;
-      this.pending.delete(msg.id);
-      if (this.pending.size === 0) {
-        worker.unref();
-        this.drained?.();
-      }
+      this.settle(msg.id);
       if (msg.error) {
         const err = new Error(msg.error.message);
         err.name = msg.error.name;
