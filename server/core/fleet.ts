@@ -49,6 +49,11 @@ export interface ListScope {
 /** Samplers in these states serve no one and never come back. */
 const DEAD_SAMPLER: ReadonlySet<SamplerStatus> = new Set(['DEACTIVATING', 'INACTIVE', 'FAILED', 'BUILD_FAILED', 'DEPLOY_FAILED', 'BUILD_STOPPED']);
 
+/** Whether a sampler has stopped for good (or was deleted): it has no replicas any more. */
+export function samplerStopped(s: SamplerRecord): boolean {
+  return s.deleted || DEAD_SAMPLER.has(s.status);
+}
+
 /**
  * Sessions, runs, their deployments and samplers, and how they move through
  * their lifecycles: cold start, idle timeout, deactivation, reuse.
@@ -65,6 +70,8 @@ export class Fleet {
   private readonly timers = new Set<Timer>();
   /** Called whenever a run stops, with the reason (the trainer fails its pending operations). */
   private readonly runStoppedListeners: ((run: RunRecord, reason: string) => void)[] = [];
+  /** Called when a sampler stops serving for good (DEACTIVATING or INACTIVE): its replicas' weights can go. */
+  private readonly samplerStoppedListeners: ((sampler: SamplerRecord) => void)[] = [];
 
   constructor(
     private readonly store: Store,
@@ -220,6 +227,10 @@ export class Fleet {
 
   onRunStopped(listener: (run: RunRecord, reason: string) => void): void {
     this.runStoppedListeners.push(listener);
+  }
+
+  onSamplerStopped(listener: (sampler: SamplerRecord) => void): void {
+    this.samplerStoppedListeners.push(listener);
   }
 
   /** init_trainer_server changes the adapter's rank: later loads are checked against it. */
@@ -549,10 +560,12 @@ export class Fleet {
 
   /** Every status change of a sampler: stored, logged (with why, when there is a why), and an ACTIVE one's idle timer armed. */
   private moveSampler(s: SamplerRecord, to: SamplerStatus, why?: string): void {
+    const wasDead = DEAD_SAMPLER.has(s.status);
     s.status = to;
     this.putSampler(s);
     this.logSampler(s, 'INFO', why === undefined ? `Sampler ${s.id} is ${to}` : `Sampler ${s.id} ${to}: ${why}`);
     if (to === 'ACTIVE') this.armSamplerIdleTimer(s);
+    if (DEAD_SAMPLER.has(to) && !wasDead) for (const listener of this.samplerStoppedListeners) listener(s);
   }
 
   private logSampler(s: SamplerRecord, level: 'INFO' | 'WARNING', message: string): void {

@@ -4,7 +4,7 @@ import { parseCheckpointPath, type Checkpoints } from './checkpoints.js';
 import type { Clock, Timer } from './clock.js';
 import type { DeploymentLogs } from './deployment-logs.js';
 import { LoopsError, notFound } from './errors.js';
-import type { Fleet } from './fleet.js';
+import { samplerStopped, type Fleet } from './fleet.js';
 import type { SamplerRecord } from './records.js';
 import type { Publication, SamplerWeights } from './sampler-weights.js';
 import type { Settings } from './settings.js';
@@ -88,6 +88,13 @@ export class SamplerReplicas {
     private readonly stopSignal: AbortSignal = new AbortController().signal,
   ) {
     weights.onPublish((samplerId, publication) => this.sync(samplerId, publication));
+    // A stopped sampler serves nothing again: its replicas' adapters and the latest publication are let go.
+    fleet.onSamplerStopped((s) => {
+      const state = this.states.get(s.id);
+      for (const r of state?.replicas ?? []) r.syncing?.timer.cancel();
+      this.states.delete(s.id);
+      weights.release(s.id);
+    });
   }
 
   replicas(s: SamplerRecord): ReplicaView[] {
@@ -204,6 +211,10 @@ export class SamplerReplicas {
     else replica.syncing = { version: publication.version, timer: this.clock.setTimer(delay, goLive) };
   }
 
+  private requireRunning(s: SamplerRecord): void {
+    if (samplerStopped(s)) throw new LoopsError('conflict', `Sampler ${s.id} is ${s.deleted ? 'deleted' : s.status}: it has no replicas to change.`, { sampler_id: s.id });
+  }
+
   private log(s: SamplerRecord, message: string, replica = 0): void {
     this.logs.add(this.fleet.deploymentOfSampler(s.id), 'INFO', message, `sampler-${replica}`);
   }
@@ -217,6 +228,8 @@ export class SamplerReplicas {
   // ---- replica control (admin API) ------------------------------------------
 
   replicaStates(s: SamplerRecord): ReplicaState[] {
+    // A stopped sampler's replicas are gone (and their weights with them).
+    if (samplerStopped(s)) return [];
     return this.state(s).replicas.map((r) => ({
       replica: r.index, policy_version: r.liveVersion, syncing_version: r.syncing?.version ?? null,
       sync_delay_ms: this.delayOf(r), paused: r.paused, pending_version: r.pending?.version ?? null,
@@ -225,6 +238,7 @@ export class SamplerReplicas {
 
   /** Grows or shrinks a sampler's replicas; a new replica starts with the newest publication live, as a freshly booted one would. */
   setReplicaCount(s: SamplerRecord, count: number): void {
+    this.requireRunning(s);
     const state = this.state(s);
     while (state.replicas.length > count) state.replicas.pop()!.syncing?.timer.cancel();
     const latest = this.weights.get(s.id);
@@ -240,6 +254,7 @@ export class SamplerReplicas {
 
   /** Sets one replica's sync delay (null: back to the settings') and pauses or resumes its sync. */
   controlReplica(s: SamplerRecord, index: number, change: { sync_delay_ms?: number | null; paused?: boolean }): ReplicaState {
+    this.requireRunning(s);
     const state = this.state(s);
     const replica = state.replicas[index];
     if (!replica) throw notFound(`Sampler ${s.id} has no replica ${index}: it has ${state.replicas.length} (0..${state.replicas.length - 1}).`, { field: 'replica' });

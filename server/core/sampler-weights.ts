@@ -33,8 +33,18 @@ export class SamplerWeights {
     return this.latest.get(samplerId);
   }
 
-  /** The highest version published to a sampler, 0 before any. */
+  /** The highest version published to a sampler, 0 before any (its record keeps it once the weights are forgotten). */
   version(samplerId: string): number {
-    return this.latest.get(samplerId)?.version ?? 0;
+    return this.latest.get(samplerId)?.version ?? this.versions.get(samplerId) ?? 0;
+  }
+
+  /** Versions of samplers whose weights were forgotten: a number each, so published_version stays true. */
+  private readonly versions = new Map<string, number>();
+
+  /** A stopped sampler's weights go (nothing serves from them again); its version stays. */
+  release(samplerId: string): void {
+    const p = this.latest.get(samplerId);
+    if (p) this.versions.set(samplerId, p.version);
+    this.latest.delete(samplerId);
   }
 }

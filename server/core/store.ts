@@ -7,6 +7,10 @@ import { LOG_LEVELS } from './records.js';
 export type RecordKind =
   | 'org' | 'team' | 'user' | 'session' | 'run' | 'deployment' | 'sampler' | 'checkpoint' | 'user_config';
 
+/** The newest log lines kept per deployment (what GET .../logs can page through). */
+export const LOGS_PER_DEPLOYMENT = 10_000;
+const LOG_TRIM_EVERY = 500;
+
 export interface LogQuery {
   deploymentId: string;
   startMs?: number;
@@ -29,6 +33,9 @@ export class Store {
   private readonly db: Database.Database;
   private readonly upsert: Database.Statement;
   private readonly insertLog: Database.Statement;
+  private readonly trimLogs: Database.Statement;
+  /** Lines written per deployment since its last trim: every LOG_TRIM_EVERY lines its oldest beyond LOGS_PER_DEPLOYMENT go. */
+  private readonly sinceTrim = new Map<string, number>();
 
   constructor(dataDir?: string) {
     if (dataDir) mkdirSync(dataDir, { recursive: true });
@@ -49,6 +56,9 @@ export class Store {
     this.upsert = this.db.prepare('INSERT INTO records (kind, id, data) VALUES (?, ?, ?) ON CONFLICT (kind, id) DO UPDATE SET data = excluded.data');
     this.insertLog = this.db.prepare(
       'INSERT INTO logs (deployment_id, ts_ms, level, level_rank, message, replica, request_id) VALUES (?, ?, ?, ?, ?, ?, ?)',
+    );
+    this.trimLogs = this.db.prepare(
+      'DELETE FROM logs WHERE deployment_id = ? AND seq <= (SELECT seq FROM logs WHERE deployment_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)',
     );
   }
 
@@ -72,6 +82,14 @@ export class Store {
 
   appendLog(log: LogRecord): void {
     this.insertLog.run(log.deployment_id, log.ts_ms, log.level, LOG_LEVELS.indexOf(log.level), log.message, log.replica, log.request_id);
+    // Every request writes a line: a long-lived deployment keeps its newest LOGS_PER_DEPLOYMENT, trimmed now and then.
+    const n = (this.sinceTrim.get(log.deployment_id) ?? 0) + 1;
+    if (n < LOG_TRIM_EVERY) {
+      this.sinceTrim.set(log.deployment_id, n);
+      return;
+    }
+    this.sinceTrim.set(log.deployment_id, 0);
+    this.trimLogs.run(log.deployment_id, log.deployment_id, LOGS_PER_DEPLOYMENT);
   }
 
   queryLogs(q: LogQuery): LogRecord[] {

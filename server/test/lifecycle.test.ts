@@ -154,3 +154,34 @@ describe('reuse', () => {
     expect(fresh.sampler.id).toBe(old.sampler.id);
   });
 });
+
+describe('what a stopped run leaves behind', () => {
+  it('frees its sampler\'s weights on deactivation, keeping only its records, checkpoints and published version', async () => {
+    await start();
+    const run = await newRun(api, { lora_rank: 4 });
+    const trainer = `/trainer/${run.id}`;
+    const stepped = (await api.post(`${trainer}/optim_step`, {})).body.operation_id;
+    expect((await api.get(`${trainer}/operations/${stepped}`)).body.status).toBe('done');
+    const submitted = (await api.post(`${trainer}/save_weights_for_sampler`, { name: 'kept' })).body.operation_id;
+    expect((await api.get(`${trainer}/operations/${submitted}`)).body.status).toBe('done');
+    const sampler = server.core.fleet.findSampler(run.sampler.id)!;
+    expect(server.core.samplerWeights.get(sampler.id)).toBeDefined();
+    expect(server.core.replicas.replicaStates(sampler)).toHaveLength(1);
+    await api.post(`/v1/loops/runs/${run.id}/deactivate`);
+    // The adapter snapshot the sampler served, and its replicas with theirs, are gone.
+    expect(server.core.samplerWeights.get(sampler.id)).toBeUndefined();
+    expect(server.core.replicas.replicaStates(sampler)).toEqual([]);
+    expect(server.core.replicas.publishedVersion(sampler)).toBe(1);
+    expect((await api.get(`/v1/loops/checkpoints?run_id=${run.id}`)).body.checkpoints).toHaveLength(1);
+  });
+
+  it('keeps a deployment\'s newest 10,000 log lines, not every request it ever served', async () => {
+    await start();
+    const run = await newRun(api, { lora_rank: 4 });
+    for (let i = 0; i < 11_000; i++) server.core.logs.add(run.deployment_id, 'INFO', `line ${i}`, 'trainer-0', `req-${i}`);
+    const stored = server.core.logs.query({ deploymentId: run.deployment_id, direction: 'asc', limit: 20_000 });
+    expect(stored.length).toBeLessThanOrEqual(10_500);
+    expect(stored.length).toBeGreaterThanOrEqual(10_000);
+    expect(stored.at(-1)!.message).toBe('line 10999');
+  });
+});
