@@ -19,7 +19,7 @@ import { samplerPlaneRoutes } from './sampler/routes.js';
 import { trainerRoutes } from './trainer/routes.js';
 import { VERSION } from './version.js';
 
-export type AppOptions = Pick<ServerOptions, 'bodyLimit' | 'logLevel' | 'logFormat' | 'dataDir' | 'admin' | 'adminToken'> & {
+export type AppOptions = Pick<ServerOptions, 'bodyLimit' | 'logLevel' | 'logFormat' | 'headersTimeoutMs' | 'bodyTimeoutMs' | 'dataDir' | 'admin' | 'adminToken'> & {
   /** The URLs base_url fields and download links carry (directUrls, or Baseten's hosts in proxy mode). */
   urls: PublicUrls;
   /** Proxy mode's forward proxy, in front of the app on its port. */

@@ -147,8 +147,7 @@ async function main(argv: string[]): Promise<void> {
   const notes = [`# loops-mock ${VERSION} listening on ${server.url}${options.dataDir ? `, state in ${options.dataDir}` : ', state in memory'}`];
   if (server.ca) notes.push(`# proxy mode: HTTPS_PROXY intercepts api.baseten.co, *.api.baseten.co, app.baseten.co and huggingface.co with the CA ${server.ca.cert}${options.proxyPassthrough.length ? `; passes through ${options.proxyPassthrough.join(', ')}` : ''}; other hosts are refused`);
   if (options.admin) notes.push(`# admin API at ${server.url}/_mock/${options.adminToken ? ' (Authorization: Bearer <admin token>)' : ''}; clock ${options.clockMode}${options.scenario ? `; scenario ${options.scenario} applied` : ''}`);
-  process.stdout.write(`${lines.join('\n')}\n${notes.join('\n')}\n`);
-
+  // Handlers first: a client that reads the variables and stops the server at once gets a graceful stop.
   let stopping = false;
   const stop = (signal: string) => {
     if (stopping) {
@@ -163,6 +162,8 @@ async function main(argv: string[]): Promise<void> {
   };
   process.on('SIGTERM', () => stop('SIGTERM'));
   process.on('SIGINT', () => stop('SIGINT'));
+  process.stdout.write(`${lines.join('\n')}\n${notes.join('\n')}\n`);
+
 }
 
 main(process.argv.slice(2)).catch((err: unknown) => {

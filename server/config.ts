@@ -22,6 +22,9 @@ interface StartupOptions {
   logFormat: 'pretty' | 'json';
   /** Largest request body, in bytes. */
   bodyLimit: number;
+  /** A request's headers must arrive within this many milliseconds, the whole request within bodyTimeoutMs. */
+  headersTimeoutMs: number;
+  bodyTimeoutMs: number;
   /** Lifetime of presigned checkpoint-file URLs. */
   presignTtlSeconds: number;
   /** Where the model engine computes: cpu, or cuda where onnxruntime-node has its CUDA provider. */
@@ -202,7 +205,7 @@ function liveRows(): SettingRow[] {
   });
 }
 
-const LISTENING_ROWS: StartupRowSpecs<'port' | 'host' | 'publicUrl' | 'dataDir' | 'apiKeys' | 'logLevel' | 'logFormat' | 'bodyLimit'> = {
+const LISTENING_ROWS: StartupRowSpecs<'port' | 'host' | 'publicUrl' | 'dataDir' | 'apiKeys' | 'logLevel' | 'logFormat' | 'bodyLimit' | 'headersTimeoutMs' | 'bodyTimeoutMs'> = {
   port: { flag: 'port', default: 8787, help: 'port to listen on; 0 picks a free one', parse: parsePort },
   host: { flag: 'host', default: '127.0.0.1', help: 'address to listen on', parse: notEmpty('host') },
   publicUrl: {
@@ -226,6 +229,8 @@ const LISTENING_ROWS: StartupRowSpecs<'port' | 'host' | 'publicUrl' | 'dataDir' 
     help: 'pretty: one short line per request or event; json: one JSON object per line (pino)', parse: oneOf('log-format', ['pretty', 'json'], 'pretty or json'),
   },
   bodyLimit: { flag: 'body-limit', default: 32 * 1024 * 1024, help: 'largest request body in bytes', parse: wholeNumber('body-limit', [1024, 2 ** 31]) },
+  headersTimeoutMs: { flag: 'headers-timeout-ms', default: 10_000, help: "a request's headers must arrive within this, else 408 and the connection closes (answers, long polls included, are not limited)", parse: wholeNumber('headers-timeout-ms', [100, 600_000]) },
+  bodyTimeoutMs: { flag: 'body-timeout-ms', default: 60_000, help: 'the whole request, headers and body, must arrive within this, else 408 and the connection closes', parse: wholeNumber('body-timeout-ms', [100, 3_600_000]) },
 };
 
 const ENGINE_AND_ADMIN_ROWS: StartupRowSpecs<Exclude<StartupKey, keyof typeof LISTENING_ROWS>> = {

@@ -88,6 +88,10 @@ export class SamplerReplicas {
     private readonly stopSignal: AbortSignal = new AbortController().signal,
   ) {
     weights.onPublish((samplerId, publication) => this.sync(samplerId, publication));
+    // At shutdown or reset no replica takes a publication live any more: the store it logs to is closing.
+    stopSignal.addEventListener('abort', () => {
+      for (const state of this.states.values()) for (const r of state.replicas) r.syncing?.timer.cancel();
+    });
     // A stopped sampler serves nothing again: its replicas' adapters and the latest publication are let go.
     fleet.onSamplerStopped((s) => {
       const state = this.states.get(s.id);

@@ -7,6 +7,7 @@ import { VERSION } from '../version.js';
 import { installErrorHandler, installNotFoundHandler, sendError } from './errors.js';
 import { installFaults } from './fault-hook.js';
 import { installJournal } from './journal-hook.js';
+import { answerClientError } from './client-errors.js';
 import { createServerLog, logRequest, type LogFormat } from './server-log.js';
 import { serializerCompiler, validatorCompiler } from './validation.js';
 
@@ -15,6 +16,9 @@ export interface BaseAppOptions {
   logLevel: string;
   /** pretty: one short line each, for a terminal; json: pino's NDJSON. */
   logFormat: LogFormat;
+  /** A request's headers must arrive within this, the whole request within bodyTimeoutMs; answers (long polls) are not limited. */
+  headersTimeoutMs: number;
+  bodyTimeoutMs: number;
   /** What stands before the app on its port (proxy mode's forward proxy); without it the port serves the app alone. */
   front?: FrontOfHouse;
 }
@@ -53,6 +57,8 @@ function nonFiniteAt(value: unknown, path: string): string | null {
   return null;
 }
 
+const CHECK_EVERY_MS = 1000;
+
 /** Fastify's own default, kept when the server is made here. */
 const KEEP_ALIVE_TIMEOUT_MS = 72_000;
 
@@ -69,10 +75,13 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
     loggerInstance: log as unknown as FastifyBaseLogger,
     // One line per request comes from the journal instead (below): with the error's type and message.
     logController: new LogController({ disableRequestLogging: true }),
+    // Node checks the two timeouts this often (every 30 s by default: a slow body could hold on that long past its limit).
+    http: { connectionsCheckingInterval: CHECK_EVERY_MS },
+    clientErrorHandler: answerClientError,
     ...(front ? {
       rewriteUrl: (req: IncomingMessage) => front.rewriteUrl(req),
       serverFactory: (handler: (req: IncomingMessage, res: ServerResponse) => void) => {
-        const server = createServer((req, res) => {
+        const server = createServer({ connectionsCheckingInterval: CHECK_EVERY_MS }, (req, res) => {
           if (!front.handle(req, res)) handler(req, res);
         });
         server.keepAliveTimeout = KEEP_ALIVE_TIMEOUT_MS;
@@ -92,6 +101,10 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
       void sendError(reply, status, type, `${error.message}.`);
     },
   }).withTypeProvider<TypeBoxTypeProvider>();
+
+  // Receiving a request is bounded; sending the answer is not, so a long poll waits as long as it must.
+  app.server.headersTimeout = options.headersTimeoutMs;
+  app.server.requestTimeout = Math.max(options.bodyTimeoutMs, options.headersTimeoutMs);
 
   app.setValidatorCompiler(validatorCompiler);
   app.setSerializerCompiler(serializerCompiler);
