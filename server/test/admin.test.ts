@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { MockAdmin, type RunningServer, type StartOptions } from '../index.js';
-import { MockAdminError } from '../admin/client.js';
+import { MockAdminError } from '../index.js';
 import { shippedScenarioNames } from '../admin/scenario.js';
 import { http, startTestServer, wireDatum } from './helpers.js';
 
@@ -235,6 +235,9 @@ describe('rule matching and firing', () => {
       try {
         await admin.addFault(rule as never);
       } catch (err) {
+        // The package exports the error class, so a test can tell the admin API's refusals from its own bugs.
+        expect(err).toBeInstanceOf(MockAdminError);
+        expect((err as MockAdminError).status).toBe(400);
         return ((err as MockAdminError).body as { error: { field: string } }).error.field;
       }
       throw new Error('accepted');

@@ -1,5 +1,5 @@
-import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { cpSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, utimesSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -168,6 +168,8 @@ describe('the loops-mock command', () => {
       const session = (await call(`${base}/v1/loops/sessions`, 'k', 'POST')).body.session.id;
       expect((await call(`${base}/v1/loops/runs`, 'k', 'POST', { session_id: session, base_model: 'Qwen/Qwen3.5-2B', lora_rank: 500 })).status).toBe(400);
       const run = (await call(`${base}/v1/loops/runs`, 'k', 'POST', { session_id: session, base_model: 'Qwen/Qwen3.5-2B', lora_rank: 4 })).body.run;
+      const forward = (await call(`${run.base_url}/forward`, 'k', 'POST', { data: [{ model_input: { chunks: [{ type: 'encoded_text', tokens: [1, 2, 3] }] } }], loss_fn: 'cross_entropy' })).body.operation_id;
+      expect((await call(`${run.base_url}/operations/${forward}`, 'k')).body.status).toBe('done');
       const op = (await call(`${run.base_url}/save_weights_for_sampler`, 'k', 'POST', { name: 'logged' })).body.operation_id;
       expect((await call(`${run.base_url}/operations/${op}`, 'k')).body.status).toBe('done');
       await call(`${base}/v1/loops/runs/${run.id}/deactivate`, 'k', 'POST');
@@ -183,9 +185,31 @@ describe('the loops-mock command', () => {
       has(new RegExp(`Sampler ${run.sampler.id} is ACTIVE`));
       has(new RegExp(`Sampler ${run.sampler.id} replica 0: policy version 0 live`));
       has(new RegExp(`Run ${run.id} INACTIVE: deactivated`));
+      // The first forward builds its graph: a person waiting on it is told, and told when it is done.
+      has(/Qwen\/Qwen3\.5-2B: building the 'forward' graph \(first use/);
+      has(/Qwen\/Qwen3\.5-2B: 'forward' graph ready \([\d.]+ s/);
       if (format === 'pretty') expect(lines.find((l) => l.includes('/v1/loops/sessions 200'))).toMatch(/^\d\d:\d\d:\d\d\.\d{3} INFO  POST/);
     }
   }, 60_000);
+
+  it('npm start builds only when a source is newer than the last build', () => {
+    // In a copy of the checkout: rebuilding this one's dist/ would pull files from under the tests that run at the same time.
+    const copy = mkdtempSync(join(tmpdir(), 'build-if-stale-'));
+    dirs.push(copy);
+    for (const entry of ['scripts', 'server', 'models', 'conformance', 'tsconfig.json', 'tsconfig.build.json', 'package.json']) cpSync(join(REPO_ROOT, entry), join(copy, entry), { recursive: true });
+    symlinkSync(join(REPO_ROOT, 'node_modules'), join(copy, 'node_modules'));
+    const check = () => spawnSync(process.execPath, [join(copy, 'scripts', 'build-if-stale.mjs')], { cwd: copy, encoding: 'utf8' });
+    expect(check().stderr).toMatch(/building/); // no dist/ yet
+    const fresh = check();
+    expect([fresh.status, fresh.stderr]).toEqual([0, '']);
+    const source = join(copy, 'server', 'version.ts');
+    const now = new Date();
+    utimesSync(source, now, new Date(now.getTime() + 2000));
+    const stale = check();
+    expect(stale.status).toBe(0);
+    expect(stale.stderr).toMatch(/building \(sources changed since the last build\)/);
+    expect(check().stderr).toBe('');
+  }, 120_000);
 
   it('export-model writes the Hugging Face folder the Hub mirror serves', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'cli-export-'));

@@ -19,7 +19,8 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 describe('installed as a dependency', () => {
   it('packs, installs into a fresh project with one command, serves, and stops on SIGTERM with its port free', async () => {
-    const { stdout: packed } = await run('npm', ['pack', '--pack-destination', dir, '--silent'], { cwd: REPO_ROOT, maxBuffer: 16 * 1024 * 1024 });
+    // --ignore-scripts: dist/ is already built (npm test builds it first), and rebuilding it here would pull files from under the other tests.
+    const { stdout: packed } = await run('npm', ['pack', '--ignore-scripts', '--pack-destination', dir, '--silent'], { cwd: REPO_ROOT, maxBuffer: 16 * 1024 * 1024 });
     const tarball = join(dir, packed.trim().split('\n').pop()!);
     const project = join(dir, 'consumer');
     mkdirSync(project);
