@@ -165,6 +165,7 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
     close: () => (closed ??= (async () => {
       proxy?.close();
       await app.close();
+      await core.drain();
       core.close();
       if (!overrides.engines) await engines.close();
     })()),

@@ -64,8 +64,8 @@ export function adminRoutes(appIn: FastifyInstance, core: LoopsCore, options: Ad
 
   app.post('/_mock/reset', {
     schema: { tags, summary: 'Back to an empty server with the start-up configuration: records, checkpoints, operations, rules, journal and settings', response: { 200: Type.Object({ reset: Type.Boolean() }) } },
-  }, () => {
-    core.reset();
+  }, async () => {
+    await core.reset();
     return { reset: true };
   });
 

@@ -1,5 +1,5 @@
 import { createHmac, timingSafeEqual } from 'node:crypto';
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import type { Clock } from './clock.js';
 import { invalid, LoopsError, notFound } from './errors.js';
@@ -66,32 +66,66 @@ class DirectoryBlobs implements BlobStore {
     // Write into a scratch folder, then rename: a checkpoint folder is whole or absent.
     const scratch = join(this.root, `.${id}.partial`);
     rmSync(scratch, { recursive: true, force: true });
+    const folders = new Set<string>([scratch]);
     for (const f of files) {
       const target = join(scratch, f.relative_file_name);
       mkdirSync(dirname(target), { recursive: true });
-      writeFileSync(target, f.data);
+      folders.add(dirname(target));
+      writeDurably(target, f.data);
     }
     mkdirSync(scratch, { recursive: true });
+    // The files' names in their folders reach the disk too, before the folder takes its place.
+    for (const folder of folders) syncFolder(folder);
     // Replacing: move the old folder aside first, so that some whole version exists at every instant.
     const target = join(this.root, id);
     const previous = join(this.root, `.${id}.previous`);
     if (existsSync(target)) renameSync(target, previous);
     renameSync(scratch, target);
+    syncFolder(this.root);
     rmSync(previous, { recursive: true, force: true });
   }
 
-  /** Finishes or undoes a replacement that a crash interrupted; drops unfinished writes. */
-  recover(): void {
+  /**
+   * Finishes or undoes a replacement that a crash interrupted, drops
+   * unfinished writes, and removes every folder no record names (written, but
+   * its record never committed: the save was never reported done).
+   */
+  recover(recorded: ReadonlySet<string>): void {
     if (!existsSync(this.root)) return;
     for (const name of readdirSync(this.root)) {
       const previous = /^\.(.+)\.previous$/.exec(name);
       if (previous && !existsSync(join(this.root, previous[1]!))) renameSync(join(this.root, name), join(this.root, previous[1]!));
       else if (previous || name.endsWith('.partial')) rmSync(join(this.root, name), { recursive: true, force: true });
     }
+    for (const name of readdirSync(this.root)) {
+      if (!name.startsWith('.') && !recorded.has(name)) rmSync(join(this.root, name), { recursive: true, force: true });
+    }
   }
   read(id: string, relative: string): Buffer | undefined {
     const file = join(this.root, id, relative);
     return existsSync(file) ? readFileSync(file) : undefined;
+  }
+}
+
+/** Written and flushed to the disk before it counts as written. */
+function writeDurably(file: string, data: Uint8Array): void {
+  const fd = openSync(file, 'w');
+  try {
+    let at = 0;
+    while (at < data.byteLength) at += writeSync(fd, data, at, data.byteLength - at);
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** A folder's entries flushed to the disk (a new or renamed name survives a crash). */
+function syncFolder(folder: string): void {
+  const fd = openSync(folder, 'r');
+  try {
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
   }
 }
 
@@ -113,7 +147,7 @@ export class Checkpoints {
     for (const c of store.load<CheckpointRecord>('checkpoint')) this.records.set(c.id, c);
     if (dataDir) {
       const blobs = new DirectoryBlobs(join(dataDir, 'checkpoints'));
-      blobs.recover();
+      blobs.recover(new Set(this.records.keys()));
       this.blobs = blobs;
     } else {
       this.blobs = new MemoryBlobs();

@@ -110,9 +110,11 @@ export class LoopsCore {
    * record, checkpoint, operation, fault and progress rule and journal entry
    * gone, settings as at start. Long polls in flight are answered 503.
    */
-  reset(): void {
+  async reset(): Promise<void> {
     this.stopping.abort();
     this.operations.shutdown();
+    // A running operation finishes into the old store before it is closed and its files removed.
+    await this.operations.drain();
     this.fleet.close();
     this.store.close();
     if (this.options.dataDir) {
@@ -148,6 +150,11 @@ export class LoopsCore {
 
   get isClosed(): boolean {
     return this.closed;
+  }
+
+  /** Waits for the operations that were running when shutdown began: what they write lands before storage closes. */
+  drain(): Promise<void> {
+    return this.operations.drain();
   }
 
   /** Stops timers and closes storage. Every write was already committed. */

@@ -185,13 +185,29 @@ export class Operations {
     }
   }
 
-  /** Wakes every long poll with 'shutdown'; later waits answer the same at once. */
+  /**
+   * Stops taking work: long polls are woken with 'shutdown' (a 503, on
+   * which the SDK raises ServerShutdownError) and later waits answer the same
+   * at once; queued operations fail with ServerShutdown and are never run,
+   * so nothing of them is written; a running one goes on to its end (drain()
+   * waits for it) and held results are let go.
+   */
   shutdown(): void {
     this.closed = true;
-    for (const entry of this.entries.values()) for (const w of [...entry.waiters]) w('shutdown');
+    const waiting = [...this.entries.values()].flatMap((entry) => [...entry.waiters]);
+    for (const entry of this.entries.values()) {
+      if (entry.op.status === 'queued') this.finish(entry, 'error', undefined, { message: `loops-mock shut down before ${entry.op.op} ran: nothing of it was done. Submit it again to a running server.`, error_class: 'ServerShutdown' }, false);
+      entry.hold?.release();
+    }
+    for (const w of waiting) w('shutdown');
   }
 
-  private finish(entry: Entry, status: 'done' | 'error', result?: unknown, error?: OperationError): void {
+  /** Resolves once every operation that was running has finished (and so written what it writes). */
+  async drain(): Promise<void> {
+    await Promise.all([...this.chains.values()].map((c) => c.catch(() => undefined)));
+  }
+
+  private finish(entry: Entry, status: 'done' | 'error', result?: unknown, error?: OperationError, wake = true): void {
     // A run stopped mid-operation already failed it; the late result is dropped.
     if (entry.op.status === 'done' || entry.op.status === 'error') return;
     entry.op.status = status;
@@ -199,7 +215,7 @@ export class Operations {
     entry.op.error = error;
     entry.op.finishedAt = this.clock.now();
     this.finished.push(entry);
-    for (const w of [...entry.waiters]) w('done');
+    if (wake) for (const w of [...entry.waiters]) w('done');
   }
 
   /** Forgets results past retention, with their idempotency keys: only the expired ones are touched. */

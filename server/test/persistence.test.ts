@@ -1,4 +1,4 @@
-import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -98,5 +98,42 @@ describe('checkpoint folders after a crash', () => {
     const res = await second.app.inject({ method: 'GET', url: files[1].url.replace(/^http:\/\/[^/]+/, '') });
     expect(res.statusCode).toBe(200);
     await second.close();
+  });
+});
+
+describe('shutdown with work in hand', () => {
+  it('finishes and records what was running, fails what was queued (its poller told ServerShutdown) and writes nothing of it', async () => {
+    const dataDir = tempDir();
+    const first = await startTestServer({ dataDir, admin: true });
+    const api = client(first);
+    const run = await newRun(api, { lora_rank: 4 });
+    const trainer = `/trainer/${run.id}`;
+    // The first save is done and then held (a progress rule): the run's queue is busy with it when the server stops.
+    first.core.progress.add({ mode: 'manual', match: { op: 'save_state' }, times: 1 });
+    const running = (await api.post(`${trainer}/save_state`, { name: 'running' })).body.operation_id;
+    const queued = (await api.post(`${trainer}/save_state`, { name: 'queued' })).body.operation_id;
+    expect(first.core.operations.find(queued)!.status).toBe('queued');
+    // A client long-polling the queued one while the server stops gets its end, not a hang.
+    const poll = fetch(`${first.url}${trainer}/operations/${queued}`, { headers: { authorization: `Bearer ${first.apiKey}` } });
+    await new Promise((r) => setTimeout(r, 100));
+    const closing = first.close();
+    const answer = await poll;
+    // 503 (the SDK's ServerShutdownError), saying the operation was not run.
+    expect(answer.status).toBe(503);
+    expect(((await answer.json()) as any).error).toMatchObject({ type: 'shutting_down', operation_status: 'error', error_class: 'ServerShutdown' });
+    await closing;
+    expect(first.core.operations.find(running)?.status ?? 'done').toBe('done');
+
+    // A folder left by a save whose record never landed (a crash between the two) is not a checkpoint.
+    const folders = join(dataDir, 'checkpoints');
+    mkdirSync(join(folders, 'Orphan1'));
+    const second = await startTestServer({ dataDir });
+    try {
+      const listed = (await client(second).get(`/v1/loops/checkpoints?run_id=${run.id}`)).body.checkpoints;
+      expect(listed.map((c: any) => c.checkpoint_id)).toEqual(['weights/running']);
+      expect(readdirSync(folders)).toEqual([listed[0].id]);
+    } finally {
+      await second.close();
+    }
   });
 });

@@ -1,4 +1,4 @@
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import Type from 'typebox';
 import type { LoopsCore } from '../core/core.js';
@@ -7,7 +7,7 @@ import type { RunRecord } from '../core/records.js';
 import type { TrainerRequest } from '../core/trainers.js';
 import { sendError } from '../http/errors.js';
 import { faultOf } from '../http/fault-hook.js';
-import { OperationFailure } from '../core/operations.js';
+import { OperationFailure, type Operation } from '../core/operations.js';
 import { planeTargets } from '../http/plane.js';
 import { HealthResponse, OperationIdResponse, OperationResponse, PolicyVersionResponse, TRAINER_BODIES, TRAINER_OPS, type TrainerOp } from '../wire/trainer.js';
 
@@ -51,7 +51,7 @@ export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore): void {
     const operations = core.operations;
     const op = operations.get(record.id, req.params.operation_id);
     if (!op) return sendError(reply, 404, 'not_found', `No operation '${req.params.operation_id}' on run ${record.id}: unknown, or its result expired. Resubmit with the same Idempotency-Key.`, { field: 'operation_id' });
-    if (operations.isClosed) return sendError(reply, 503, 'shutting_down', 'The trainer is shutting down.');
+    if (operations.isClosed) return shuttingDown(reply, op);
     operations.notePoll(op);
     const windowMs = core.settings.longPollMs;
     if (faultOf(req)?.type === 'hold_poll') {
@@ -69,7 +69,7 @@ export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore): void {
         signal.addEventListener('abort', onStop);
         reply.raw.once('close', () => finish('gone'));
       });
-      if (ended === 'stopping') return sendError(reply, 503, 'shutting_down', 'The trainer is shutting down.');
+      if (ended === 'stopping') return shuttingDown(reply, op);
       if (ended === 'window') return sendError(reply, 408, 'operation_pending', `Operation ${op.id} (${op.op}) is still ${op.status === 'done' || op.status === 'error' ? 'running' : op.status}; poll again.`, { operation_id: op.id, status: 'running' });
       return reply;
     }
@@ -78,7 +78,7 @@ export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore): void {
       // A client that hangs up mid-poll costs nothing: its wait is dropped.
       reply.raw.once('close', wait.cancel);
       const outcome = await wait.outcome;
-      if (outcome === 'shutdown') return sendError(reply, 503, 'shutting_down', 'The trainer is shutting down.');
+      if (outcome === 'shutdown') return shuttingDown(reply, op);
       if (outcome === 'timeout') return sendError(reply, 408, 'operation_pending', `Operation ${op.id} (${op.op}) is still ${op.status}; poll again.`, { operation_id: op.id, status: op.status });
     }
     return op.status === 'done' ? { status: 'done' as const, result: op.result } : { status: 'error' as const, error: op.error };
@@ -102,6 +102,15 @@ export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore): void {
     }
     return { status: 'ok' };
   });
+}
+
+/** 503 while shutting down (the SDK's ServerShutdownError), saying what became of the operation polled. */
+function shuttingDown(reply: FastifyReply, op: Operation) {
+  const notRun = op.status === 'error' && op.error?.error_class === 'ServerShutdown';
+  return sendError(reply, 503, 'shutting_down', notRun
+    ? `The trainer is shutting down; ${op.op} was still queued and was not run (nothing of it was done): submit it again to a running server.`
+    : `The trainer is shutting down; ${op.op} is ${op.status === 'running' ? 'finishing, and will be recorded' : op.status}.`,
+  { operation_id: op.id, operation_status: op.status, ...(op.error ? { error_class: op.error.error_class } : {}) });
 }
 
 /** Without a key (allowed when keys are not enforced) a request acts as the run's owner. */
