@@ -77,6 +77,19 @@ export class Accounts {
     return [...this.teams.values()].filter((t) => t.org_id === p.org_id && (name === undefined || t.name === name));
   }
 
+  /**
+   * That the caller may create in and change what belongs to `teamId`: its
+   * own team, or its organisation's Default Team, which every member is in.
+   * Other teams of the organisation stay visible (scope=org lists them) but
+   * are not the caller's to change: 403 naming the team.
+   */
+  requireMember(p: Principal, teamId: string, what: string): void {
+    const team = this.teams.get(teamId);
+    if (team && team.org_id === p.org_id && (team.id === p.team_id || team.is_default)) return;
+    const own = this.teams.get(p.team_id)?.name ?? p.team_id;
+    throw new LoopsError('forbidden', `Cannot ${what}: it belongs to team '${team?.name ?? teamId}', and your key acts in team '${own}' and your organisation's Default Team. Other teams' resources can be read (scope=org), not changed: use a key of that team.`, { field: 'team_id', team_id: teamId });
+  }
+
   /** A team of the caller's organisation, or 404. */
   team(p: Principal, teamId: string): TeamRecord {
     const team = this.teams.get(teamId);

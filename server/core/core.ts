@@ -94,7 +94,7 @@ export class LoopsCore {
     this.logs = new DeploymentLogs(this.store, this.clock, (line) => { for (const l of this.lifecycleListeners) l(line); });
     this.traffic = new Traffic(this.clock);
     this.checkpoints = new Checkpoints(this.store, this.clock, o.dataDir, o.presignTtlMs ?? 3_600_000);
-    this.fleet = new Fleet(this.store, this.clock, this.logs, this.checkpoints, this.settings);
+    this.fleet = new Fleet(this.store, this.clock, this.logs, this.checkpoints, this.settings, this.accounts);
     this.userConfigs = new UserConfigs(this.store);
     this.progress = new Progress(this.clock);
     this.faults = new Faults(o.faultSeed ?? 1);

@@ -1,4 +1,5 @@
 import { findBaseModel, supportedModelNames } from '../../models/registry.js';
+import type { Accounts } from './accounts.js';
 import type { Checkpoints } from './checkpoints.js';
 import type { Clock, Timer } from './clock.js';
 import type { DeploymentLogs } from './deployment-logs.js';
@@ -79,6 +80,8 @@ export class Fleet {
     private readonly logs: DeploymentLogs,
     private readonly checkpoints: Checkpoints,
     private readonly options: FleetOptions,
+    /** Teams are a boundary for changes inside an organisation (accounts.requireMember). */
+    private readonly accounts: Pick<Accounts, 'requireMember'>,
   ) {
     for (const s of store.load<SessionRecord>('session')) this.sessions.set(s.id, s);
     for (const r of store.load<RunRecord>('run')) this.runs.set(r.id, r);
@@ -90,6 +93,7 @@ export class Fleet {
   // ---- sessions ----------------------------------------------------------
 
   createSession(p: Principal, teamId: string, trainingProjectId: string | null): SessionRecord {
+    this.accounts.requireMember(p, teamId, 'create a session in this team');
     const s: SessionRecord = { id: newResourceId(), ...owner(p, teamId), created_at: this.clock.now(), training_project_id: trainingProjectId };
     this.sessions.set(s.id, s);
     this.store.put('session', s.id, s);
@@ -106,7 +110,9 @@ export class Fleet {
 
   /** Creates a run; `withSampler` pairs a sampler at once (POST /runs), otherwise the run is trainer-only (POST /trainers). */
   createRun(p: Principal, input: CreateRunInput, withSampler: boolean, teamId: string): RunRecord {
+    this.accounts.requireMember(p, teamId, 'create a run in this team');
     const session = this.getSession(p, input.session_id, 'session_id');
+    this.accounts.requireMember(p, session.team_id, `create a run in session ${session.id}`);
     const model = this.requireModel(input.base_model, 'base_model');
     const maxSeqLen = input.max_seq_len ?? model.maxContextLength;
     if (maxSeqLen < 1 || maxSeqLen > model.maxContextLength) {
@@ -196,6 +202,7 @@ export class Fleet {
 
   deactivateRun(p: Principal, id: string): RunRecord {
     const run = this.getRun(p, id);
+    this.accounts.requireMember(p, run.team_id, `deactivate run ${run.id}`);
     this.store.transaction(() => this.stopRun(run, 'deactivated by request', 'STOPPED'));
     return run;
   }
@@ -258,6 +265,7 @@ export class Fleet {
 
   deactivateDeployment(p: Principal, id: string): DeploymentRecord {
     const d = this.getDeployment(p, id);
+    this.accounts.requireMember(p, d.team_id, `deactivate deployment ${d.id}`);
     this.store.transaction(() => {
       const run = d.active_run_id ? this.runs.get(d.active_run_id) : undefined;
       if (run) this.stopRun(run, 'deployment deactivated by request', 'STOPPED');
@@ -274,9 +282,12 @@ export class Fleet {
   // ---- samplers ----------------------------------------------------------
 
   createSampler(p: Principal, input: CreateSamplerInput, teamId: string): SamplerRecord {
+    this.accounts.requireMember(p, teamId, 'create a sampler in this team');
     const session = this.getSession(p, input.session_id, 'session_id');
+    this.accounts.requireMember(p, session.team_id, `create a sampler in session ${session.id}`);
     if (input.run_id) {
       const run = this.getRun(p, input.run_id, 'run_id');
+      this.accounts.requireMember(p, run.team_id, `pair a sampler with run ${run.id}`);
       if (input.base_model && input.base_model !== run.base_model) {
         throw invalid(`base_model '${input.base_model}' differs from run ${run.id}'s base model '${run.base_model}': omit base_model when pairing with run_id.`, { field: 'base_model' });
       }
@@ -370,6 +381,7 @@ export class Fleet {
 
   renameModelDeployment(p: Principal, modelId: string, deploymentId: string, name: string | null | undefined): SamplerRecord {
     const s = this.getModelDeployment(p, modelId, deploymentId);
+    this.accounts.requireMember(p, s.team_id, `rename deployment ${deploymentId} of model ${modelId}`);
     if (name === null || name === undefined) return s;
     if (!/^[A-Za-z0-9._-]+$/.test(name)) throw invalid(`name '${name}' may only contain letters, digits, '-', '_' and '.'.`, { field: 'name' });
     s.name = name;
@@ -379,12 +391,14 @@ export class Fleet {
 
   deactivateModelDeployment(p: Principal, modelId: string, deploymentId: string): SamplerRecord {
     const s = this.getModelDeployment(p, modelId, deploymentId);
+    this.accounts.requireMember(p, s.team_id, `deactivate deployment ${deploymentId} of model ${modelId}`);
     this.store.transaction(() => this.stopSampler(s, 'deactivated by request'));
     return s;
   }
 
   deleteModelDeployment(p: Principal, modelId: string, deploymentId: string): SamplerRecord {
     const s = this.getModelDeployment(p, modelId, deploymentId);
+    this.accounts.requireMember(p, s.team_id, `delete deployment ${deploymentId} of model ${modelId}`);
     this.store.transaction(() => {
       this.stopSampler(s, 'deleted by request');
       s.deleted = true;

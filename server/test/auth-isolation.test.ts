@@ -103,3 +103,41 @@ describe('team-scoped routes', () => {
     expect((await alice.post('/v1/teams/nosuchteam/loops/sessions')).status).toBe(404);
   });
 });
+
+describe('teams inside one organisation', () => {
+  it('are a boundary for changes, not for reading: a key changes its own team\'s and the Default Team\'s resources only', async () => {
+    server = await startTestServer({ apiKeys: [{ key: 'k1', org: 'orgA', team: 'teamA' }, { key: 'k2', org: 'orgA', team: 'teamB' }] });
+    const k1 = client(server, 'k1');
+    const k2 = client(server, 'k2');
+    const teams = Object.fromEntries((await k1.get('/v1/teams')).body.teams.map((t: any) => [t.name, t.id]));
+    const mine = await newRun(k1);
+    const theirs = await newRun(k2);
+    expect([mine.status.name, theirs.status.name]).toEqual(['ACTIVE', 'ACTIVE']);
+
+    // Reading across teams: listed with scope=org, fetched by id, its trainer's state read.
+    expect((await k1.get('/v1/loops/runs?scope=org')).body.runs.map((r: any) => r.id).sort()).toEqual([mine.id, theirs.id].sort());
+    expect((await k1.get(`/v1/loops/runs/${theirs.id}`)).status).toBe(200);
+    expect((await k1.get(`/trainer/${theirs.id}/policy_version`)).status).toBe(200);
+
+    // Changing across teams: 403 naming the team, and nothing changes.
+    const refusals = [
+      await k1.post(`/v1/loops/runs/${theirs.id}/deactivate`),
+      await k1.post(`/v1/loops/deployments/${theirs.deployment_id}/deactivate`),
+      await k1.post(`/v1/models/${theirs.sampler.model_id}/deployments/${theirs.sampler.deployment_id}/deactivate`),
+      await k1.post(`/v1/teams/${teams.teamB}/loops/sessions`),
+      await k1.post(`/trainer/${theirs.id}/optim_step`, {}),
+      await k1.post('/v1/loops/samplers', { session_id: theirs.session_id, run_id: theirs.id }),
+    ];
+    for (const res of refusals) {
+      expect(res.status).toBe(403);
+      expect(res.body.error).toMatchObject({ type: 'forbidden', team_id: teams.teamB });
+      expect(res.body.error.message).toMatch(/belongs to team 'teamB'.*acts in team 'teamA'/);
+    }
+    expect((await k2.get(`/v1/loops/runs/${theirs.id}`)).body.run.status.name).toBe('ACTIVE');
+
+    // The owner's team, and the Default Team every member is in, take the same changes.
+    expect((await k1.post(`/v1/teams/${teams['Default Team']}/loops/sessions`)).status).toBe(200);
+    expect((await k1.post(`/v1/loops/runs/${mine.id}/deactivate`)).status).toBe(200);
+    expect((await k2.post(`/v1/loops/runs/${theirs.id}/deactivate`)).status).toBe(200);
+  });
+});

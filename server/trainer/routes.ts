@@ -34,6 +34,8 @@ export function trainerRoutes(appIn: FastifyInstance, core: LoopsCore): void {
       const run = activeRun(record);
       const key = req.headers['idempotency-key'];
       const principal = caller ?? ownerOf(core, run);
+      // Training changes the run: a key of another team of its organisation may read it, not train it.
+      core.accounts.requireMember(principal, run.team_id, `${op} on run ${run.id}`);
       const fault = faultOf(req);
       const injected = fault?.type === 'fail_operation' ? new OperationFailure(fault.error_class, fault.message ?? `${op} failed (injected by a loops-mock fault rule).`) : undefined;
       // The schema of this op validated the body, so it is this op's body.
