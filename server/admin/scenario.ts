@@ -60,7 +60,13 @@ export function parseScenario(text: string, source = 'scenario'): ScenarioSpec {
     const at = lines.linePos(syntax.pos[0]);
     throw invalid(`${source}:${at.line}: ${syntax.message.split('\n')[0]}`, { field: 'scenario', line: at.line, column: at.col });
   }
-  const value: unknown = doc.toJS();
+  let value: unknown;
+  try {
+    // An alias bomb (aliases of aliases) is refused by the parser's alias budget, not expanded.
+    value = doc.toJS({ maxAliasCount: 100 });
+  } catch (err) {
+    throw invalid(`${source}: ${(err as Error).message} (YAML aliases are limited: write the values out).`, { field: 'scenario' });
+  }
   if (!validate(value)) {
     const errors = validate.errors!;
     const problem = describeValidationErrors(errors, 'scenario');

@@ -35,24 +35,26 @@ export interface FrontOfHouse {
   foreignHostOf(req: IncomingMessage): string | undefined;
 }
 
-/** The path of the first number in a parsed body that is not finite, if any. */
-function nonFiniteAt(value: unknown, path: string): string | null {
-  if (typeof value === 'number') return Number.isFinite(value) ? null : path;
-  if (Array.isArray(value)) {
-    for (let i = 0; i < value.length; i++) {
-      const v = value[i];
-      if (typeof v === 'number' ? !Number.isFinite(v) : v !== null && typeof v === 'object') {
-        const found = nonFiniteAt(v, `${path}[${i}]`);
-        if (found) return found;
-      }
+/** Deeper than any Loops body (about six levels): a deeper one is refused before any recursive code meets it. */
+const MAX_BODY_DEPTH = 64;
+
+/**
+ * What is wrong with a parsed body that a schema would not say safely: a
+ * number that is not finite (its path), or nesting deeper than
+ * MAX_BODY_DEPTH. Walked without recursion, so any depth is safe to look at.
+ */
+function bodyProblem(value: unknown): { field: string; message: string } | null {
+  const stack: [unknown, string, number][] = [[value, 'body', 0]];
+  while (stack.length) {
+    const [v, path, depth] = stack.pop()!;
+    if (typeof v === 'number') {
+      if (!Number.isFinite(v)) return { field: path, message: `${path} is not a finite number (JSON numbers beyond ±1.8e308 read as infinity); send a finite value.` };
+      continue;
     }
-    return null;
-  }
-  if (value !== null && typeof value === 'object') {
-    for (const [k, v] of Object.entries(value)) {
-      const found = nonFiniteAt(v, `${path}.${k}`);
-      if (found) return found;
-    }
+    if (v === null || typeof v !== 'object') continue;
+    if (depth >= MAX_BODY_DEPTH) return { field: 'body', message: `The body nests deeper than ${MAX_BODY_DEPTH} levels (at ${path.slice(0, 120)}...): no Loops request does; send a flatter body.` };
+    if (Array.isArray(v)) for (let i = v.length - 1; i >= 0; i--) stack.push([v[i], `${path}[${i}]`, depth + 1]);
+    else for (const [k, child] of Object.entries(v).reverse()) stack.push([child, `${path}.${k}`, depth + 1]);
   }
   return null;
 }
@@ -135,9 +137,10 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
     } catch (err) {
       return done(new LoopsError('invalid_request', `The body is not valid JSON: ${(err as Error).message}.`, { field: 'body' }), undefined);
     }
-    // A number beyond float64 (1e400) parses to Infinity and would poison the model: refused here, for every route.
-    const bad = nonFiniteAt(parsed, 'body');
-    if (bad) return done(new LoopsError('invalid_request', `${bad} is not a finite number (JSON numbers beyond ±1.8e308 read as infinity); send a finite value.`, { field: bad }), undefined);
+    // A number beyond float64 (1e400) parses to Infinity and would poison the model; a body nested thousands deep would
+    // overflow the stack of whatever recursive code met it next: both refused here, for every route.
+    const problem = bodyProblem(parsed);
+    if (problem) return done(new LoopsError('invalid_request', problem.message, { field: problem.field }), undefined);
     done(null, parsed);
   });
 

@@ -31,6 +31,15 @@ export function surfaceOf(url: string): Surface {
   return 'control';
 }
 
+function decodedPath(url: string): string {
+  const path = url.split('?')[0]!;
+  try {
+    return decodeURIComponent(path);
+  } catch {
+    return path;
+  }
+}
+
 /** A Fastify route template in the braces form /openapi.json uses. */
 export function routeTemplate(request: FastifyRequest): string | null {
   const url = request.routeOptions.url;
@@ -92,7 +101,8 @@ function headerFacts(reply: FastifyReply, facts: NonNullable<JournalEntry['respo
 export function installJournal(app: FastifyInstance, core: LoopsCore, foreignHostOf?: (req: IncomingMessage) => string | undefined): void {
   app.decorateRequest('trace', null as never);
   app.addHook('onRequest', async (request, reply) => {
-    const trace: RequestTrace = { seq: core.journal.arrive(), time: new Date(core.clock.now()).toISOString(), started: performance.now(), surface: surfaceOf(request.url) };
+    // By the route it reached (what it is), not the bytes of its path: /%5Fmock/... is the admin API too.
+    const trace: RequestTrace = { seq: core.journal.arrive(), time: new Date(core.clock.now()).toISOString(), started: performance.now(), surface: surfaceOf(request.routeOptions.url ?? decodedPath(request.url)) };
     request.trace = trace;
     reply.raw.once('close', () => {
       const route = routeTemplate(request);
