@@ -164,7 +164,8 @@ export class Trainers {
         const arrays: Record<string, number[]> = {};
         for (const [name, tensor] of Object.entries(d.loss_fn_inputs ?? {})) {
           const field = `${at}.loss_fn_inputs.${name}`;
-          const want = LOSS_INPUTS[name];
+          // Own keys only: `__proto__` and its kin are names like any other, and none of them is an input.
+          const want = Object.hasOwn(LOSS_INPUTS, name) ? LOSS_INPUTS[name] : undefined;
           if (!want) throw invalid(`${field} is not an input of Loops losses: use ${Object.keys(LOSS_INPUTS).join(', ')}.`, { field });
           if (tensor.dtype !== want) throw invalid(`${field} must have dtype '${want}' (got '${tensor.dtype}').`, { field: `${field}.dtype` });
           if (tensor.shape && (tensor.shape.length !== 1 || tensor.shape[0] !== tensor.data.length)) {

@@ -77,6 +77,8 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
     loggerInstance: log as unknown as FastifyBaseLogger,
     // One line per request comes from the journal instead (below): with the error's type and message.
     logController: new LogController({ disableRequestLogging: true }),
+    // Ids are short, but a long one is an unknown id (404), not a URL too long (Fastify's 414 past 100 characters).
+    routerOptions: { maxParamLength: 8192 },
     // Node checks the two timeouts this often (every 30 s by default: a slow body could hold on that long past its limit).
     http: { connectionsCheckingInterval: CHECK_EVERY_MS },
     clientErrorHandler: answerClientError,
@@ -161,6 +163,14 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
   installFaults(app, core);
   const routes: RouteOptions[] = [];
   app.addHook('onRoute', (route) => { routes.push(route as RouteOptions); });
+  // A route that takes no body refuses one rather than ignore it (an empty body, or {}, is no body).
+  app.addHook('preValidation', async (request) => {
+    const takesBody = (request.routeOptions.schema as { body?: unknown } | undefined)?.body !== undefined;
+    const body = request.body;
+    if (takesBody || body === undefined || body === null) return;
+    if (typeof body === 'object' && !Array.isArray(body) && Object.keys(body).length === 0) return;
+    throw new LoopsError('invalid_request', `${request.method} ${request.routeOptions.url ?? request.url} takes no body; send none (got ${Array.isArray(body) ? 'an array' : typeof body === 'object' ? `fields ${Object.keys(body).slice(0, 5).join(', ')}` : typeof body}).`, { field: 'body' });
+  });
   installNotFoundHandler(app, routes);
   return { app, routes };
 }

@@ -47,8 +47,13 @@ export interface ValidationProblem {
 export function describeValidationErrors(errors: ErrorObject[], context: string): ValidationProblem {
   const part = PART_NAMES[context] ?? context;
   const specific = errors.filter((e) => e.keyword !== 'anyOf' && e.keyword !== 'oneOf');
-  // Branches of a `T | null` union fail with one type error each: merge them into "integer or null".
-  const first = specific[0] ?? errors[0]!;
+  // In a union, the branch that got furthest into the value is the one meant: its error is the deepest; at one
+  // depth, a branch whose type the value has (it broke another rule) is meant rather than one of another type.
+  const depth = (e: ErrorObject) => e.instancePath.split('/').length + (e.keyword === 'required' || e.keyword === 'additionalProperties' ? 1 : 0);
+  const deepest = Math.max(...specific.map(depth));
+  const candidates = specific.filter((e) => depth(e) === deepest);
+  // Branches of a `T | null` union fail with one type error each: merged below into "integer or null".
+  const first = candidates.find((e) => e.keyword !== 'type') ?? candidates[0] ?? errors[0]!;
   const samePlace = specific.filter((e) => e.instancePath === first.instancePath);
   const at = fieldPath(part, first.instancePath);
   const got = describeValue(first.data);

@@ -155,3 +155,39 @@ describe('numbers and sizes a client can send that once broke the server', () =>
     }
   });
 });
+
+describe('answers that say what is really wrong', () => {
+  it('a long id is an unknown id, a union names the branch meant, __proto__ is a name like any other, a body where none is taken is refused', async () => {
+    const s = await startTestServer({ admin: true });
+    try {
+      const api2 = client(s);
+      const run = await newRun(api2, { lora_rank: 4 });
+      const longId = await api2.get(`/v1/loops/runs/${'r'.repeat(150)}`);
+      expect([longId.status, longId.body.error.type]).toEqual([404, 'not_found']);
+
+      // {scenario: ...} is the branch meant, not {name}: the error is inside it.
+      const scenario = await fetch(`${s.url}/_mock/scenario`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ scenario: { settings: { cold_start_ms: 'slow' } } }) });
+      const scenarioError = ((await scenario.json()) as any).error;
+      expect(scenario.status).toBe(400);
+      expect(scenarioError.field).toMatch(/^(body\.)?scenario\.settings\.cold_start_ms$/);
+      // An array prompt is the token-id branch: it needs an item, it need not be a string.
+      const completions = await api2.post(`/sampler/${run.sampler.id}/v1/completions`, { prompt: [] });
+      expect([completions.status, completions.body.error.field]).toEqual([400, 'body.prompt']);
+      expect(completions.body.error.message).toMatch(/must have at least 1 item/);
+
+      const proto = await s.app.inject({
+        method: 'POST', url: `/trainer/${run.id}/forward`, headers: { authorization: `Bearer ${s.apiKey}`, 'content-type': 'application/json' },
+        payload: '{"data":[{"model_input":{"chunks":[{"type":"encoded_text","tokens":[1,2]}]},"loss_fn_inputs":{"__proto__":{"data":[1,1],"dtype":"float32"}}}],"loss_fn":"cross_entropy"}',
+      });
+      expect(proto.statusCode).toBe(400);
+      expect(proto.json().error.message).toMatch(/__proto__ is not an input of Loops losses/);
+
+      const withBody = await api2.post(`/v1/loops/runs/${run.id}/deactivate`, { force: true });
+      expect([withBody.status, withBody.body.error.field]).toEqual([400, 'body']);
+      expect(withBody.body.error.message).toMatch(/takes no body/);
+      expect((await api2.post(`/v1/loops/runs/${run.id}/deactivate`, {})).status).toBe(200);
+    } finally {
+      await s.close();
+    }
+  });
+});
