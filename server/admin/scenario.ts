@@ -132,5 +132,6 @@ export function applyScenario(core: LoopsCore, spec: ScenarioSpec): { name: stri
   if (spec.seed !== undefined) core.faults.seed = spec.seed;
   for (const rule of spec.faults ?? []) core.faults.add(rule as FaultRuleInput);
   for (const rule of spec.progress ?? []) core.progress.add(rule as ProgressRuleInput);
+  core.history.scenario = { name: spec.name ?? null, applied_at: core.clock.now() };
   return { name: spec.name ?? null, faults: spec.faults?.length ?? 0, progress: spec.progress?.length ?? 0 };
 }

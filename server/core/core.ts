@@ -7,6 +7,7 @@ import { RealClock, type Clock } from './clock.js';
 import { DeploymentLogs } from './deployment-logs.js';
 import { Fleet } from './fleet.js';
 import { Faults } from './faults.js';
+import { History } from './history.js';
 import { HubRepos } from './hub-repos.js';
 import { Journal, type JournalDetail } from './journal.js';
 import { Operations } from './operations.js';
@@ -70,6 +71,8 @@ export class LoopsCore {
   sampling!: Sampling;
   faults!: Faults;
   progress!: Progress;
+  /** Each run's operations and each sampler's publications over time (the dashboard). */
+  history!: History;
   private closed = false;
   /** Aborted when this generation of parts stops (shutdown or reset): every wait that could outlast it ends. */
   private stopping = new AbortController();
@@ -99,9 +102,14 @@ export class LoopsCore {
     this.progress = new Progress(this.clock);
     this.faults = new Faults(o.faultSeed ?? 1);
     this.operations = new Operations(this.clock, this.settings, this.progress);
+    this.history = new History(this.clock, (runId) => {
+      const run = this.fleet.findRun(runId);
+      return run ? this.trainers.policyVersion(run) : 0;
+    });
+    this.operations.onFinish((op) => this.history.operationFinished(op));
     this.samplerWeights = new SamplerWeights();
     this.trainers = new Trainers(this.fleet, this.checkpoints, this.engines, this.operations, this.samplerWeights);
-    this.replicas = new SamplerReplicas(this.fleet, this.checkpoints, this.engines, this.samplerWeights, this.clock, this.settings, this.logs, this.stopping.signal);
+    this.replicas = new SamplerReplicas(this.fleet, this.checkpoints, this.engines, this.samplerWeights, this.clock, this.settings, this.logs, this.history, this.stopping.signal);
     this.sampling = new Sampling(this.fleet, this.replicas, this.engines, this.clock, this.settings);
   }
 

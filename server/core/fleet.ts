@@ -190,6 +190,11 @@ export class Fleet {
     return r;
   }
 
+  /** Every run and sampler on this server, newest first, whoever owns them: the dashboard's server-wide view. */
+  everything(): { runs: RunRecord[]; samplers: SamplerRecord[] } {
+    return { runs: newestFirst([...this.runs.values()]), samplers: newestFirst([...this.samplers.values()]) };
+  }
+
   /** A run by id with no access check, for the data planes that already resolved the caller. */
   findRun(id: string): RunRecord | undefined {
     return this.runs.get(id);

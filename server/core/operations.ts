@@ -69,8 +69,14 @@ export class Operations {
   /** Finished entries in finishing order (the clock only moves forward): expiry pops from the front. */
   private readonly finished: Entry[] = [];
   private closed = false;
+  private readonly finishListeners: ((operation: Operation) => void)[] = [];
 
   constructor(private readonly clock: Clock, private readonly options: OperationOptions, private readonly progress: Progress) {}
+
+  /** Told of every operation as it finishes, done or error (the run history the dashboard charts). */
+  onFinish(listener: (operation: Operation) => void): void {
+    this.finishListeners.push(listener);
+  }
 
   get isClosed(): boolean {
     return this.closed;
@@ -215,6 +221,7 @@ export class Operations {
     entry.op.error = error;
     entry.op.finishedAt = this.clock.now();
     this.finished.push(entry);
+    for (const listener of this.finishListeners) listener(entry.op);
     if (wake) for (const w of [...entry.waiters]) w('done');
   }
 

@@ -3,6 +3,7 @@ import { readAdapter, zeroAdapter, type EnginePool, type LoraAdapter } from '../
 import { parseCheckpointPath, type Checkpoints } from './checkpoints.js';
 import type { Clock, Timer } from './clock.js';
 import type { DeploymentLogs } from './deployment-logs.js';
+import type { History } from './history.js';
 import { LoopsError, notFound } from './errors.js';
 import { samplerStopped, type Fleet } from './fleet.js';
 import type { SamplerRecord } from './records.js';
@@ -16,7 +17,8 @@ interface Replica {
   liveVersion: number;
   adapter: LoraAdapter | null;
   /** Publication being synced, with its timer. */
-  syncing: { version: number; timer: Timer } | null;
+  /** The publication on its way live, and when (server clock) it will be. */
+  syncing: { version: number; timer: Timer; liveAt: number } | null;
   /** Set through the admin API: this replica's own sync delay instead of the settings'. */
   delayMs: number | null;
   /** A paused replica keeps serving what it has; the newest publication waits here until resumed. */
@@ -84,6 +86,7 @@ export class SamplerReplicas {
     private readonly clock: Clock,
     private readonly options: ReplicaOptions,
     private readonly logs: DeploymentLogs,
+    private readonly history: History,
     /** Aborted at shutdown or reset: a request waiting for its floor is answered then instead of holding the server open. */
     private readonly stopSignal: AbortSignal = new AbortController().signal,
   ) {
@@ -163,7 +166,19 @@ export class SamplerReplicas {
   }
 
   private miss(s: SamplerRecord, floor: number, unreachable: boolean): FloorMiss {
-    return { floor, replicas: this.replicas(s), published_version: this.weights.version(s.id), unreachable, retry_after_s: Math.max(1, Math.ceil(Math.max(0, ...this.state(s).replicas.map((r) => this.delayOf(r))) / 1000)) };
+    return { floor, replicas: this.replicas(s), published_version: this.weights.version(s.id), unreachable, retry_after_s: this.retryAfterS(s, floor) };
+  }
+
+  /**
+   * Seconds until a replica can serve the floor: the soonest one already
+   * syncing a version at or above it. With none on its way (paused, or the
+   * floor not yet published), the slowest replica's sync delay.
+   */
+  private retryAfterS(s: SamplerRecord, floor: number): number {
+    const replicas = this.state(s).replicas;
+    const arriving = replicas.filter((r) => r.syncing && r.syncing.version >= floor).map((r) => r.syncing!.liveAt - this.clock.now());
+    const ms = arriving.length ? Math.min(...arriving) : Math.max(0, ...replicas.map((r) => this.delayOf(r)));
+    return Math.max(1, Math.ceil(ms / 1000));
   }
 
   private state(s: SamplerRecord): SamplerState {
@@ -191,6 +206,7 @@ export class SamplerReplicas {
     // The replicas exist from the sampler's creation: even a first publication goes live after each one's delay.
     const state = this.state(s);
     this.log(s, `Sampler ${s.id}: policy version ${publication.version} published (${publication.path}); ${state.replicas.length} replica(s) syncing`);
+    this.history.published(s.id, publication.version, publication.path);
     for (const replica of state.replicas) this.syncReplica(s, state, replica, publication);
   }
 
@@ -209,10 +225,11 @@ export class SamplerReplicas {
       replica.adapter = publication.adapter;
       replica.liveVersion = publication.version;
       this.log(s, `Sampler ${s.id} replica ${replica.index}: policy version ${publication.version} live`, replica.index);
+      this.history.replicaLive(s.id, replica.index, publication.version);
       for (const w of [...state.waiters]) w();
     };
     if (delay <= 0) goLive();
-    else replica.syncing = { version: publication.version, timer: this.clock.setTimer(delay, goLive) };
+    else replica.syncing = { version: publication.version, timer: this.clock.setTimer(delay, goLive), liveAt: this.clock.now() + delay };
   }
 
   private requireRunning(s: SamplerRecord): void {

@@ -68,6 +68,22 @@ describe('version floors', () => {
     expect((await c.call('POST', `${sampler}/sample`, sampleBody())).status).toBe(200);
   });
 
+  it("says in Retry-After when the soonest replica reaches the floor, not the slowest one's whole delay", async () => {
+    const clock = new ManualClock();
+    const c = await start({ clock, samplerReplicas: 2, weightSyncDelayMs: [1500, 6000], floorWaitMs: 0 });
+    const { trainer, sampler } = await c.run();
+    await c.trainAndPublish(trainer, 'v1');
+    const first = await c.call('POST', `${sampler}/sample`, sampleBody(), { 'x-min-policy-version': '1' });
+    expect(first.status).toBe(408);
+    expect(first.headers.get('retry-after')).toBe('2');
+    clock.advance(1000);
+    const later = await c.call('POST', `${sampler}/sample`, sampleBody(), { 'x-min-policy-version': '1' });
+    expect(later.headers.get('retry-after')).toBe('1');
+    expect(later.body.error.retry_after_s).toBe(1);
+    clock.advance(500);
+    expect((await c.call('POST', `${sampler}/sample`, sampleBody(), { 'x-min-policy-version': '1' })).status).toBe(200);
+  });
+
   it('waits up to the floor wait for a replica that catches up in time', async () => {
     const c = await start({ weightSyncDelayMs: [200], floorWaitMs: 2000 });
     const { trainer, sampler } = await c.run();
