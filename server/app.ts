@@ -12,6 +12,7 @@ import { sessionAndRunRoutes } from './control/sessions-runs.js';
 import { Views } from './control/views.js';
 import { apiKeyOf, requirePrincipal } from './http/auth.js';
 import { createBaseApp, type FrontOfHouse } from './http/base-app.js';
+import { dashboardRoutes } from './dashboard/routes.js';
 import { buildOpenApi } from './http/openapi.js';
 import type { PublicUrls } from './http/public-urls.js';
 import { hubRoutes } from './hub/routes.js';
@@ -54,6 +55,8 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
   // The Hugging Face mirror needs no key: clients send it Hub tokens, if anything.
   await app.register(async (hub) => hubRoutes(hub, core));
   if (options.admin) await app.register(async (admin) => adminRoutes(admin, core, { token: options.adminToken }));
+  // The live dashboard: read-only unless --admin; with --api-key, the admin token's.
+  await app.register(async (dashboard) => dashboardRoutes(dashboard, core, { admin: options.admin, adminToken: options.adminToken, views: ctx.views }));
 
   // For CI services and scripts that wait for the server: no key, nothing but liveness (503 once shutting down).
   app.get('/healthz', {

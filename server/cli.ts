@@ -146,6 +146,8 @@ async function main(argv: string[]): Promise<void> {
   if (options.writeEnv) writeFileSync(options.writeEnv, `${lines.join('\n')}\n`);
   const notes = [`# loops-mock ${VERSION} listening on ${server.url}${options.dataDir ? `, state in ${options.dataDir}` : ', state in memory'}`];
   if (server.ca) notes.push(`# proxy mode: HTTPS_PROXY intercepts api.baseten.co, *.api.baseten.co, app.baseten.co and huggingface.co with the CA ${server.ca.cert}${options.proxyPassthrough.length ? `; passes through ${options.proxyPassthrough.join(', ')}` : ''}; other hosts are refused`);
+  const dashboardAccess = options.apiKeys.length === 0 ? (options.admin ? '' : ' (read-only: --admin adds controls)') : options.adminToken ? ' (sign in with the admin token)' : ' (refused: with --api-key it needs --admin-token)';
+  notes.push(`# dashboard: ${server.url}/_mock/ui${dashboardAccess}`);
   if (options.admin) notes.push(`# admin API at ${server.url}/_mock/${options.adminToken ? ' (Authorization: Bearer <admin token>)' : ''}; clock ${options.clockMode}${options.scenario ? `; scenario ${options.scenario} applied` : ''}`);
   // Handlers first: a client that reads the variables and stops the server at once gets a graceful stop.
   let stopping = false;

@@ -27,3 +27,20 @@ export function requirePrincipal(core: LoopsCore, request: FastifyRequest): Prin
   if (key === undefined) throw new LoopsError('unauthorized', "Missing Authorization header: send 'Authorization: Bearer <BASETEN_API_KEY>'.");
   return core.accounts.authenticate(key);
 }
+
+/** The cookie the dashboard's sign-in form sets: the admin token, for a page that cannot send a header on a link. */
+export const ADMIN_COOKIE = 'loops_mock_admin';
+
+/** The admin token a request carries: `Authorization: Bearer <token>`, or the dashboard's cookie. */
+export function adminTokenOf(request: FastifyRequest): string | undefined {
+  const header = request.headers.authorization;
+  if (header?.startsWith('Bearer ')) return header.slice('Bearer '.length);
+  const cookie = request.headers.cookie ?? '';
+  const m = new RegExp(`(?:^|;\\s*)${ADMIN_COOKIE}=([^;]*)`).exec(cookie);
+  if (!m) return undefined;
+  try {
+    return decodeURIComponent(m[1]!);
+  } catch {
+    return undefined;
+  }
+}

@@ -31,6 +31,8 @@ export function surfaceOf(url: string): Surface {
   return 'control';
 }
 
+const isDashboard = (url: string) => url === '/_mock/ui' || url.startsWith('/_mock/ui/') || url.startsWith('/_mock/ui?') || url.startsWith('/_mock/dashboard/');
+
 function decodedPath(url: string): string {
   const path = url.split('?')[0]!;
   try {
@@ -102,7 +104,13 @@ export function installJournal(app: FastifyInstance, core: LoopsCore, foreignHos
   app.decorateRequest('trace', null as never);
   app.addHook('onRequest', async (request, reply) => {
     // By the route it reached (what it is), not the bytes of its path: /%5Fmock/... is the admin API too.
-    const trace: RequestTrace = { seq: core.journal.arrive(), time: new Date(core.clock.now()).toISOString(), started: performance.now(), surface: surfaceOf(request.routeOptions.url ?? decodedPath(request.url)) };
+    const surface = surfaceOf(request.routeOptions.url ?? decodedPath(request.url));
+    // The dashboard's own page and polling would fill the journal it shows: not recorded, and no number taken (no gaps in seq).
+    if (isDashboard(request.url)) {
+      request.trace = { seq: 0, time: '', started: performance.now(), surface };
+      return;
+    }
+    const trace: RequestTrace = { seq: core.journal.arrive(), time: new Date(core.clock.now()).toISOString(), started: performance.now(), surface };
     request.trace = trace;
     reply.raw.once('close', () => {
       const route = routeTemplate(request);

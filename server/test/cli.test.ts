@@ -20,6 +20,8 @@ interface Started {
   vars: Record<string, string>;
   /** Where the server really listens (the URL in its '# loops-mock ... listening on' line). */
   listening: () => string;
+  /** Everything printed so far. */
+  output: () => string;
   exit: Promise<{ code: number | null; stderr: string }>;
 }
 
@@ -46,7 +48,7 @@ function runCli(args: string[], env: Record<string, string> = {}): Started & { r
   });
   ready.catch(() => {}); // Awaited only by tests that expect the server to start.
   const listening = () => /listening on (\S+?),/.exec(stdout)?.[1] ?? '';
-  return { child, vars, exit, ready, listening };
+  return { child, vars, exit, ready, listening, output: () => stdout };
 }
 
 async function call(url: string, key: string, method = 'GET', body?: unknown) {
@@ -70,6 +72,11 @@ describe('the loops-mock command', () => {
     expect(cli.vars.BASETEN_MANAGEMENT_API_URL_OVERRIDE).toBe(cli.vars.LOOPS_BASE_URL);
     const res = await call(`${cli.vars.LOOPS_BASE_URL}/v1/loops/capabilities`, cli.vars.BASETEN_API_KEY!);
     expect(res.status).toBe(200);
+    // The dashboard's address, and that it is served there.
+    expect(cli.output()).toContain(`\n# dashboard: ${cli.vars.LOOPS_BASE_URL}/_mock/ui (read-only: --admin adds controls)\n`);
+    const page = await fetch(`${cli.vars.LOOPS_BASE_URL}/_mock/ui`);
+    expect([page.status, page.headers.get('content-type')]).toEqual([200, 'text/html; charset=utf-8']);
+    expect(await page.text()).toContain('<script type="module" src="/_mock/ui/app.js">');
     cli.child.kill('SIGTERM');
     expect((await cli.exit).code).toBe(0);
   });
