@@ -18,7 +18,10 @@ export interface ServerProcess {
   base: string;
   /** Milliseconds from spawn to the first 200 answer. */
   startupMs: number;
+  pid: number;
   stop(): void;
+  /** Settles when the process has exited, with its exit code (null when a signal ended it). */
+  exited: Promise<number | null>;
 }
 
 /** Starts the built CLI (dist/) as its own process on a free port and waits for its first 200. */
@@ -27,18 +30,20 @@ export async function startServerProcess(root: string, args: string[] = []): Pro
   const base = `http://127.0.0.1:${port}`;
   const started = performance.now();
   const child = spawn(process.execPath, [join(root, 'dist', 'server', 'cli.js'), '--port', String(port), ...args], { stdio: 'ignore' });
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
   for (;;) {
     try {
       const res = await fetch(`${base}/v1/loops/capabilities`, { headers: { authorization: `Bearer ${BENCH_KEY}` } });
       if (res.status === 200) break;
     } catch { /* not listening yet */ }
+    if (child.exitCode !== null) throw new Error(`server exited with status ${child.exitCode} before answering (args: ${args.join(' ')})`);
     if (performance.now() - started > 10_000) {
       child.kill('SIGKILL');
       throw new Error('server did not start within 10 s');
     }
     await new Promise((r) => setTimeout(r, 2));
   }
-  return { base, startupMs: performance.now() - started, stop: () => child.kill('SIGTERM') };
+  return { base, startupMs: performance.now() - started, pid: child.pid!, stop: () => child.kill('SIGTERM'), exited };
 }
 
 /** A lean keep-alive HTTP client: figures should be the server's, not fetch's (about 1 ms a request on its own). */

@@ -1,6 +1,7 @@
 import { BatchQueue, flushSoon } from './batch-queue.js';
 import { InlineRunner, WorkerRunner, type Runner } from './engine-runner.js';
-import { chunks, cotangentFeed, feed, grownCaches, loraFeeds, promptFeeds, rowCache, sequenceFeeds, stepFeeds, topkRows, unpad, type DecodeRow, type DecodeState, type RowCache, type ScoredSequence } from './feeds.js';
+import { blockSequence, blocksOf, SequenceCache, type Block } from './blocks.js';
+import { cotangentFeed, feed, grownCaches, loraFeeds, ownCotangentFeeds, positionsOf, promptFeeds, rowCache, scoringUnits, sequenceFeeds, stepFeeds, topkRows, unpad, type DecodeRow, type DecodeState, type RowCache, type ScoredSequence, type ScoringLimits } from './feeds.js';
 import { siteRank, type LoraAdapter } from './lora.js';
 import type { Feed } from './runner-protocol.js';
 import { DECODE_KINDS, DEFAULT_DIMS, loraSites, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
@@ -25,8 +26,16 @@ export interface EngineOptions {
   threads?: number;
   /** Rows an adapter version decodes in batches before its unembedding is packed into a session of its own (see GraphRunner.packedSession). */
   packAfterBatchedRows?: number;
-  /** Largest number of (padded) positions in one graph run; longer batches are split. Bounds memory: the logits of one run are positions × vocab floats. */
+  /** Largest number of (padded) positions in one graph run; longer batches are split, and a longer sequence is scored in blocks. */
   maxPositionsPerRun?: number;
+  /**
+   * Largest number of scored positions in one graph run (default: LOGIT_FLOATS_PER_RUN ÷ vocabulary, 512 at
+   * Qwen's 151,669 tokens): the logits of a run are that many vocabulary-sized rows, and a backward run holds
+   * a few of them at once.
+   */
+  maxScoredPerRun?: number;
+  /** Attention scores one block of a long sequence may hold per layer, in floats (default 8M: 32 MB). */
+  attentionFloatsPerRun?: number;
   /** Model width etc.; tests use smaller ones. */
   dims?: Partial<Omit<ModelDims, 'vocab'>>;
   /** Largest LoRA rank on the unembedding (default DEFAULT_UNEMBEDDING_RANK); a run's rank above it is capped there. */
@@ -64,6 +73,17 @@ export interface RowStep {
 const MAX_BATCH_REQUESTS = 16;
 /** How long a decode batch waits for sampling streams still choosing their tokens. */
 const BATCH_WAIT_MS = 3;
+/**
+ * Logits one scoring run may hold, in floats: 512 rows of Qwen's vocabulary (311 MB). A backward run holds
+ * about three such tensors at its peak, so a 4,096-token forward_backward peaks near 1.7 GB resident
+ * (bench/memory.ts); a larger vocabulary gets fewer rows per run, never more memory.
+ */
+const LOGIT_FLOATS_PER_RUN = 512 * 151_669;
+/**
+ * A run holding a tensor of more floats than this (scored rows × vocabulary, or attention scores) is heavy:
+ * 4M floats is 16 MB, about 28 scored rows at Qwen's vocabulary. The guide's campaign runs stay below it.
+ */
+const HEAVY_FLOATS = 4 * 2 ** 20;
 /** From this many scored positions in one run on, the merged unembedding is cheaper (about the model width). */
 const MERGE_FROM_POSITIONS = 64;
 
@@ -106,7 +126,13 @@ export class ModelEngine {
   readonly dims: ModelDims;
   readonly sites: LoraSite[];
   private readonly runner: Runner;
-  private readonly maxPositions: number;
+  /** What one scoring run may hold; a sequence over it is scored in blocks (models/blocks.ts). */
+  private readonly limits: ScoringLimits;
+  /** Blocks of a long sequence or prompt: as many positions as one run may score, fewer where keys grow long. */
+  private readonly blockLimits: { positions: number; attentionFloats: number };
+  /** The scoring graphs' outputs of a block's keys and values, per layer k then v. */
+  private readonly blockKv: string[];
+  private readonly pastGrads: string[];
   /** The decode graphs' cache outputs, per layer k then v. */
   private readonly presents: string[];
   /** Graph runs of one engine are serialised: onnxruntime sessions already use every core. */
@@ -134,7 +160,10 @@ export class ModelEngine {
     this.dims = { vocab, ...DEFAULT_DIMS, ...options.dims };
     this.sites = loraSites(this.dims, options.unembeddingRank);
     this.presents = Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat();
-    this.maxPositions = options.maxPositionsPerRun ?? 512;
+    this.limits = { positions: options.maxPositionsPerRun ?? 512, scored: options.maxScoredPerRun ?? Math.max(16, Math.floor(LOGIT_FLOATS_PER_RUN / vocab)) };
+    this.blockLimits = { positions: this.limits.scored, attentionFloats: options.attentionFloatsPerRun ?? 8 * 2 ** 20 };
+    this.blockKv = Array.from({ length: this.dims.layers }, (_, l) => [`block_k.${l}`, `block_v.${l}`]).flat();
+    this.pastGrads = Array.from({ length: this.dims.layers }, (_, l) => [`grad.past_k.${l}`, `grad.past_v.${l}`]).flat();
     const config = { modelName, dims: this.dims, device: options.device ?? 'cpu', threads: options.threads, packAfterBatchedRows: options.packAfterBatchedRows };
     // onnxruntime is loaded only where graphs run: in the worker, or here on first use when inline.
     this.runner = options.thread === 'inline' ? new InlineRunner(config) : new WorkerRunner(config);
@@ -153,7 +182,11 @@ export class ModelEngine {
   /** Logprob of each target token, per sequence. */
   async forward(seqs: ScoredSequence[], adapter: LoraAdapter): Promise<Float32Array[]> {
     const out: Float32Array[] = [];
-    for (const chunk of chunks(seqs, this.maxPositions)) {
+    for (const { seqs: chunk, long } of scoringUnits(seqs, this.limits)) {
+      if (long) {
+        out.push((await this.scoreBlocks(chunk[0]!, adapter, 'forward')).logprobs);
+        continue;
+      }
       // Nothing scored (a lone token, or every target -100): every logprob is 0 and no graph needs to run.
       if (chunk.every((s) => s.scored?.length === 0)) {
         out.push(...chunk.map((s) => new Float32Array(s.tokens.length)));
@@ -169,7 +202,13 @@ export class ModelEngine {
   async topk(seqs: ScoredSequence[], adapter: LoraAdapter, k: number): Promise<{ logprobs: Float32Array[]; top: { ids: number[]; logprobs: number[] }[][] }> {
     const logprobs: Float32Array[] = [];
     const top: { ids: number[]; logprobs: number[] }[][] = [];
-    for (const chunk of chunks(seqs.map((s) => ({ ...s, scored: undefined })), this.maxPositions)) {
+    for (const { seqs: chunk, long } of scoringUnits(seqs.map((s) => ({ ...s, scored: undefined })), this.limits)) {
+      if (long) {
+        const scored = await this.scoreBlocks(chunk[0]!, adapter, 'topk', k);
+        logprobs.push(scored.logprobs);
+        top.push(scored.top);
+        continue;
+      }
       const feeds = { ...sequenceFeeds(this.dims, chunk), k: feed('int64', BigInt64Array.from([BigInt(k)]), [1]) };
       const result = await this.run('topk', feeds, ['logprobs', 'topk_values', 'topk_indices'], adapter);
       logprobs.push(...unpad(result.logprobs!, chunk));
@@ -182,26 +221,24 @@ export class ModelEngine {
   async backward(seqs: ScoredSequence[], adapter: LoraAdapter, cotangents: Float32Array[]): Promise<BackwardResult> {
     const grads = new Map<string, Float32Array>();
     const logprobs: Float32Array[] = [];
-    const gradNames = this.sites.flatMap((s) => [`grad.${s.key}.A`, `grad.${s.key}.B`]);
     let start = 0;
-    for (const chunk of chunks(seqs, this.maxPositions)) {
+    for (const { seqs: chunk, long } of scoringUnits(seqs, this.limits)) {
       const own = cotangents.slice(start, start + chunk.length);
       start += chunk.length;
+      if (long) {
+        logprobs.push(await this.backwardBlocks(chunk[0]!, adapter, own[0]!, grads));
+        continue;
+      }
       if (chunk.every((s) => s.scored?.length === 0)) {
         // Nothing scored: logprobs 0 and no gradient from this chunk.
         logprobs.push(...chunk.map((s) => new Float32Array(s.tokens.length)));
         continue;
       }
-      const feeds = { ...sequenceFeeds(this.dims, chunk), cotangent: cotangentFeed(chunk, own) };
-      const result = await this.run('backward', feeds, ['logprobs', ...gradNames], adapter);
+      const T = Math.max(...chunk.map((s) => s.tokens.length));
+      const feeds = { ...sequenceFeeds(this.dims, chunk), cotangent: cotangentFeed(chunk, own), ...ownCotangentFeeds(this.dims, chunk.length, T) };
+      const result = await this.run('backward', feeds, ['logprobs', ...this.gradNames], adapter);
       logprobs.push(...unpad(result.logprobs!, chunk));
-      for (const name of gradNames) {
-        const key = name.slice('grad.'.length);
-        const g = result[name]!;
-        const acc = grads.get(key);
-        if (!acc) grads.set(key, g);
-        else for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!;
-      }
+      this.addGrads(grads, result);
     }
     for (const site of this.sites) {
       const r = siteRank(adapter.tensors.get(site.key)!, site);
@@ -209,6 +246,69 @@ export class ModelEngine {
       if (!grads.has(`${site.key}.B`)) grads.set(`${site.key}.B`, new Float32Array(r * site.outDim));
     }
     return { logprobs, grads };
+  }
+
+  private get gradNames(): string[] {
+    return this.sites.flatMap((s) => [`grad.${s.key}.A`, `grad.${s.key}.B`]);
+  }
+
+  /** Adds a run's LoRA gradients into `grads` (by `<site>.A` / `<site>.B`). */
+  private addGrads(grads: Map<string, Float32Array>, result: Record<string, Float32Array>): void {
+    for (const name of this.gradNames) {
+      const key = name.slice('grad.'.length);
+      const g = result[name]!;
+      const acc = grads.get(key);
+      if (!acc) grads.set(key, g);
+      else for (let i = 0; i < acc.length; i++) acc[i]! += g[i]!;
+    }
+  }
+
+  /**
+   * Scores one long sequence block by block, each block attending to the
+   * keys and values of those before it. Blocks after the last scored
+   * position are not run (forward); topk scores every position.
+   */
+  private async scoreBlocks(seq: ScoredSequence, adapter: LoraAdapter, kind: 'forward' | 'topk', k = 0): Promise<{ logprobs: Float32Array; top: { ids: number[]; logprobs: number[] }[]; cache: SequenceCache; blocks: Block[] }> {
+    const lastScored = kind === 'topk' ? seq.tokens.length - 1 : Math.max(-1, ...positionsOf(seq));
+    const blocks = blocksOf(seq.tokens.length, this.dims.heads, this.blockLimits).filter(([start]) => start <= lastScored);
+    const cache = new SequenceCache(this.dims, seq.tokens.length);
+    const logprobs = new Float32Array(seq.tokens.length);
+    const top: { ids: number[]; logprobs: number[] }[] = [];
+    for (const block of blocks) {
+      const part = blockSequence(seq, block);
+      const feeds = sequenceFeeds(this.dims, [part], cache.past(block[0]));
+      if (kind === 'topk') feeds.k = feed('int64', BigInt64Array.from([BigInt(k)]), [1]);
+      const result = await this.run(kind, feeds, ['logprobs', ...this.blockKv, ...(kind === 'topk' ? ['topk_values', 'topk_indices'] : [])], adapter);
+      logprobs.set(unpad(result.logprobs!, [part])[0]!, block[0]);
+      if (kind === 'topk') top.push(...topkRows(result.topk_values!, result.topk_indices! as unknown as BigInt64Array, [part], k)[0]!);
+      this.blockKv.forEach((name, i) => cache.write(i, block[0], result[name]!));
+    }
+    return { logprobs, top, cache, blocks };
+  }
+
+  /**
+   * The backward pass of one long sequence: a forward pass through its
+   * blocks for their keys and values, then the blocks in reverse, each
+   * given what later blocks' losses owe to its keys and values and handing
+   * on what its own losses owe to earlier ones. Returns the logprobs; adds
+   * the LoRA gradients into `grads`.
+   */
+  private async backwardBlocks(seq: ScoredSequence, adapter: LoraAdapter, cotangent: Float32Array, grads: Map<string, Float32Array>): Promise<Float32Array> {
+    const { logprobs, cache, blocks } = await this.scoreBlocks(seq, adapter, 'forward');
+    const owed = new SequenceCache(this.dims, seq.tokens.length);
+    for (const block of [...blocks].reverse()) {
+      const [start, end] = block;
+      const part = blockSequence(seq, block);
+      const feeds = {
+        ...sequenceFeeds(this.dims, [part], cache.past(start)),
+        cotangent: cotangentFeed([part], [cotangent.subarray(start, end)]),
+        ...ownCotangentFeeds(this.dims, 1, end - start, owed.tensors.map((_, i) => owed.read(i, start, end))),
+      };
+      const result = await this.run('backward', feeds, [...this.gradNames, ...this.pastGrads], adapter);
+      this.addGrads(grads, result);
+      if (start > 0) this.pastGrads.forEach((name, i) => owed.write(i, 0, result[name]!, true));
+    }
+    return logprobs;
   }
 
   /**
@@ -239,11 +339,37 @@ export class ModelEngine {
     return this.prompts.push({ tokens, adapter, invTemperature, kind, draws });
   }
 
-  /** Prefills prompts of one key in one graph run, from a turn already taken in the queue. */
+  /** Prefills prompts of one key, from a turn already taken in the queue: short ones in one graph run, long ones in blocks. */
   private async prefill(batch: PromptRequest[]): Promise<SequenceStart[]> {
+    const long = (p: PromptRequest) => p.tokens.length > this.limits.positions;
+    if (!batch.some(long)) return this.prefillRows(batch, null);
+    const starts = new Map<PromptRequest, SequenceStart>();
+    const short = batch.filter((p) => !long(p));
+    if (short.length) (await this.prefillRows(short, null)).forEach((start, i) => starts.set(short[i]!, start));
+    for (const p of batch.filter(long)) starts.set(p, await this.prefillBlocks(p));
+    return batch.map((p) => starts.get(p)!);
+  }
+
+  /** A long prompt's keys and values block by block, then its first tokens from the last block. */
+  private async prefillBlocks(p: PromptRequest): Promise<SequenceStart> {
+    // No logits but the last position's: blocks as long as a run's positions allow.
+    const blocks = blocksOf(p.tokens.length, this.dims.heads, { ...this.blockLimits, positions: this.limits.positions });
+    let state: DecodeState | null = null;
+    for (const [start, end] of blocks.slice(0, -1)) {
+      const feeds = promptFeeds(this.dims, [p.tokens.slice(start, end)], [p.invTemperature], state);
+      if (p.kind === 'draw') feeds.u = feed('float32', new Float32Array(p.draws!.length).fill(0.5), [1, p.draws!.length]);
+      const result = await this.runNow(p.kind, feeds, this.presents, p.adapter);
+      state = { past: this.presents.map((n) => result[n]!), batch: 1, length: end };
+    }
+    return (await this.prefillRows([{ ...p, tokens: p.tokens.slice(blocks.at(-1)![0]) }], state))[0]!;
+  }
+
+  /** Prefills prompts in one graph run, after the cached positions of `state` (one prompt's earlier blocks) or none. */
+  private async prefillRows(batch: PromptRequest[], state: DecodeState | null): Promise<SequenceStart[]> {
     const { kind, adapter } = batch[0]!;
     const B = batch.length;
-    const feeds = promptFeeds(this.dims, batch.map((p) => p.tokens), batch.map((p) => p.invTemperature), null);
+    const P = state?.length ?? 0;
+    const feeds = promptFeeds(this.dims, batch.map((p) => p.tokens), batch.map((p) => p.invTemperature), state);
     const N = Math.max(...batch.map((p) => p.draws?.length ?? 0));
     if (kind === 'draw') feeds.u = feed('float32', Float32Array.from({ length: B * N }, (_, i) => batch[Math.floor(i / N)]!.draws![i % N] ?? 0.5), [B, N]);
     const outputs = kind === 'decode' ? ['logprobs', 'probs'] : ['token', 'token_logprob'];
@@ -251,7 +377,7 @@ export class ModelEngine {
     const T = feeds.tokens!.dims[1]!;
     const { vocab } = this.dims;
     return batch.map((p, b) => {
-      const cache = { past: this.presents.map((n) => rowCache(this.dims, result[n]!, b, T, p.tokens.length)), length: p.tokens.length };
+      const cache = { past: this.presents.map((n) => rowCache(this.dims, result[n]!, b, P + T, P + p.tokens.length)), length: P + p.tokens.length };
       if (kind === 'decode') return { logprobs: result.logprobs!.subarray(b * vocab, (b + 1) * vocab), probs: result.probs!.subarray(b * vocab, (b + 1) * vocab), cache };
       const ids = result.token as unknown as BigInt64Array;
       const width = kind === 'greedy' ? 1 : N;
@@ -312,6 +438,14 @@ export class ModelEngine {
     return this.inTurn(() => this.runNow(kind, feeds, outputs, adapter, merged));
   }
 
+  /** Whether a run's largest tensors are far above a usual one's (see HEAVY_FLOATS): it runs on a session released after use. */
+  private heavy(feeds: Record<string, Feed>): boolean {
+    const [B = 1, S = 0] = feeds.targets?.dims ?? [];
+    const bias = feeds.attn_bias?.dims ?? [];
+    const attention = this.dims.heads * (bias[0] ?? 0) * (bias[2] ?? 0) * (bias[3] ?? 0);
+    return B * S * this.dims.vocab > HEAVY_FLOATS || attention > HEAVY_FLOATS;
+  }
+
   /** Runs `fn` after everything queued before it, whether that failed or not. */
   private inTurn<T>(fn: () => Promise<T>): Promise<T> {
     const turn = this.queue.then(fn);
@@ -328,7 +462,7 @@ export class ModelEngine {
       this.ranKinds.add(kind);
       this.onGraphBuild?.({ model: this.modelName, kind, phase: 'start' });
     }
-    const result = await this.runner.run({ kind, merged, feeds, outputs, adapter: { id: adapter.id, version: adapter.version, feeds: loraFeeds(this.sites, adapter) } });
+    const result = await this.runner.run({ kind, merged, heavy: this.heavy(feeds), feeds, outputs, adapter: { id: adapter.id, version: adapter.version, feeds: loraFeeds(this.sites, adapter) } });
     if (first) this.onGraphBuild?.({ model: this.modelName, kind, phase: 'done', ms: performance.now() - started });
     return Object.fromEntries(outputs.map((n) => [n, result[n]!.data as Float32Array]));
   }

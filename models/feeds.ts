@@ -50,21 +50,47 @@ export function scoredCount(s: ScoredSequence): number {
   return Math.max(1, s.scored?.length ?? s.tokens.length);
 }
 
-/** Splits sequences into runs of at most maxPositions padded positions. */
-export function* chunks(seqs: ScoredSequence[], maxPositions: number): Generator<ScoredSequence[]> {
+/** How much one scoring run may hold: padded positions (attention, activations) and score slots (logits: slots × vocabulary floats). */
+export interface ScoringLimits {
+  positions: number;
+  scored: number;
+}
+
+/**
+ * Splits sequences, in order, into runs within `limits`. A sequence over
+ * either limit on its own comes alone, as `long`: it is scored block by
+ * block (models/blocks.ts), so no run holds more than the limits allow.
+ */
+export function* scoringUnits(seqs: ScoredSequence[], limits: ScoringLimits): Generator<{ seqs: ScoredSequence[]; long: boolean }> {
   let chunk: ScoredSequence[] = [];
   let longest = 0;
+  let mostScored = 0;
+  const flush = function* () {
+    if (chunk.length) yield { seqs: chunk, long: false };
+    chunk = [];
+    longest = 0;
+    mostScored = 0;
+  };
   for (const s of seqs) {
-    const next = Math.max(longest, s.tokens.length);
-    if (chunk.length && next * (chunk.length + 1) > maxPositions) {
-      yield chunk;
-      chunk = [];
-      longest = 0;
+    if (s.tokens.length > limits.positions || scoredCount(s) > limits.scored) {
+      yield* flush();
+      yield { seqs: [s], long: true };
+      continue;
     }
+    const T = Math.max(longest, s.tokens.length);
+    const S = Math.max(mostScored, scoredCount(s));
+    if (chunk.length && (T * (chunk.length + 1) > limits.positions || S * (chunk.length + 1) > limits.scored)) yield* flush();
     chunk.push(s);
     longest = Math.max(longest, s.tokens.length);
+    mostScored = Math.max(mostScored, scoredCount(s));
   }
-  if (chunk.length) yield chunk;
+  yield* flush();
+}
+
+/** Keys and values of the positions before a block, per layer k then v, each [1, heads, length, headDim]. */
+export interface Past {
+  length: number;
+  kv: Float32Array[];
 }
 
 /** Additive attention bias: query i sees keys 0..P+i that lie within its row's length. */
@@ -102,9 +128,15 @@ export function ropeFeeds(headDim: number, B: number, T: number, offset: number 
   return { rope_cos: feed('float32', cos, [B, T, hd]), rope_sin: feed('float32', sin, [B, T, hd]) };
 }
 
-/** Feeds of the scoring graphs (forward, backward, topk) for sequences right-padded to the longest. */
-export function sequenceFeeds(dims: ModelDims, chunk: ScoredSequence[]): Record<string, Feed> {
+/**
+ * Feeds of the scoring graphs (forward, backward, topk) for sequences
+ * right-padded to the longest; with `past`, one sequence's block after the
+ * cached positions of the blocks before it.
+ */
+export function sequenceFeeds(dims: ModelDims, chunk: ScoredSequence[], past?: Past): Record<string, Feed> {
   const B = chunk.length;
+  if (past && B !== 1) throw new Error('a block with cached positions is one sequence');
+  const P = past?.length ?? 0;
   const T = Math.max(...chunk.map((s) => s.tokens.length));
   const S = Math.max(...chunk.map(scoredCount));
   const d = dims.dModel;
@@ -123,9 +155,35 @@ export function sequenceFeeds(dims: ModelDims, chunk: ScoredSequence[]): Record<
     tokens: feed('int64', tokens, [B, T]),
     targets: feed('int64', targets, [B, S]),
     score_index: feed('int64', scoreIndex, [B, S, d]),
-    attn_bias: feed('float32', causalBias(B, T, 0, chunk.map((s) => s.tokens.length)), [B, 1, T, T]),
-    ...ropeFeeds(d / dims.heads, B, T, 0),
+    attn_bias: feed('float32', causalBias(B, T, P, chunk.map((s) => P + s.tokens.length)), [B, 1, T, P + T]),
+    ...ropeFeeds(d / dims.heads, B, T, P),
+    ...pastFeeds(dims, B, past),
   };
+}
+
+/** past_k.l / past_v.l: the cached keys and values, or none ([B, heads, 0, headDim]). */
+export function pastFeeds(dims: ModelDims, B: number, past?: Past): Record<string, Feed> {
+  const { heads } = dims;
+  const hd = dims.dModel / heads;
+  const P = past?.length ?? 0;
+  const feeds: Record<string, Feed> = {};
+  for (let l = 0; l < dims.layers; l++) {
+    feeds[`past_k.${l}`] = feed('float32', past?.kv[2 * l] ?? new Float32Array(0), [B, heads, P, hd]);
+    feeds[`past_v.${l}`] = feed('float32', past?.kv[2 * l + 1] ?? new Float32Array(0), [B, heads, P, hd]);
+  }
+  return feeds;
+}
+
+/** The backward graph's cot_k.l / cot_v.l: what later blocks owe to this block's keys and values ([B, heads, T, headDim]), zeros when none. */
+export function ownCotangentFeeds(dims: ModelDims, B: number, T: number, owed?: Float32Array[]): Record<string, Feed> {
+  const { heads } = dims;
+  const hd = dims.dModel / heads;
+  const feeds: Record<string, Feed> = {};
+  for (let l = 0; l < dims.layers; l++) {
+    feeds[`cot_k.${l}`] = feed('float32', owed?.[2 * l] ?? new Float32Array(B * heads * T * hd), [B, heads, T, hd]);
+    feeds[`cot_v.${l}`] = feed('float32', owed?.[2 * l + 1] ?? new Float32Array(B * heads * T * hd), [B, heads, T, hd]);
+  }
+  return feeds;
 }
 
 /** The backward graph's cotangent per score slot, [B, S]: `cotangents[b]` holds one per position of chunk[b]. */
@@ -170,11 +228,8 @@ export function promptFeeds(dims: ModelDims, tokens: number[][], invTemperatures
     inv_temperature: feed('float32', Float32Array.from(invTemperatures), [B, 1]),
     last_index: feed('int64', BigInt64Array.from(tokens, (t) => BigInt(t.length - 1)), [B, 1]),
     ...ropeFeeds(hd, B, Tq, P),
+    ...pastFeeds(dims, B, state ? { length: P, kv: state.past } : undefined),
   };
-  for (let l = 0; l < dims.layers; l++) {
-    feeds[`past_k.${l}`] = feed('float32', state?.past[2 * l] ?? new Float32Array(0), [B, heads, P, hd]);
-    feeds[`past_v.${l}`] = feed('float32', state?.past[2 * l + 1] ?? new Float32Array(0), [B, heads, P, hd]);
-  }
   return feeds;
 }
 

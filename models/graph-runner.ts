@@ -20,6 +20,16 @@ const PACKED_CACHE_SIZE = 2;
 /** Merged unembeddings kept for decoding (39 MB each at the Qwen vocabulary). */
 const MERGED_CACHE_SIZE = 3;
 
+/**
+ * How long heavy sessions outlive their last run. onnxruntime's arena keeps
+ * the most a session ever held, and onnxruntime-node cannot ask it to
+ * shrink; without the arena every run faults its tensors in afresh (training
+ * at about half speed). So heavy runs get sessions of their own, arena and
+ * all, dropped this long after the last one: fast within a request, the
+ * memory returned after it. A new session costs about 40 ms.
+ */
+const HEAVY_IDLE_MS = 250;
+
 export { DeviceUnavailableError } from './device-error.js';
 export type { Feed, RunnerConfig, RunRequest } from './runner-protocol.js';
 
@@ -50,11 +60,17 @@ export class GraphRunner {
     const merge = decode && this.worthMerging(req.adapter, rows);
     const adapter = this.adapterTensors(req.adapter);
     const packed = merge ? await this.packedSession(req.kind, req.adapter, adapter, rows) : null;
-    const session = packed ?? await this.session(req.kind, req.merged || merge);
-    const feeds: Record<string, ort.Tensor> = { ...this.baseFeeds, ...adapter };
-    if (merge && !packed) feeds.lm_head_merged = await this.mergedUnembedding(req.adapter, adapter);
-    for (const [name, f] of Object.entries(req.feeds)) feeds[name] = new ort.Tensor(f.type, f.data, f.dims);
-    const result = await session.run(feeds, req.outputs);
+    if (req.heavy) this.heavyRuns++;
+    let result: ort.InferenceSession.OnnxValueMapType;
+    try {
+      const session = packed ?? await this.session(req.kind, req.merged || merge, req.heavy ?? false);
+      const feeds: Record<string, ort.Tensor> = { ...this.baseFeeds, ...adapter };
+      if (merge && !packed) feeds.lm_head_merged = await this.mergedUnembedding(req.adapter, adapter);
+      for (const [name, f] of Object.entries(req.feeds)) feeds[name] = new ort.Tensor(f.type, f.data, f.dims);
+      result = await session.run(feeds, req.outputs);
+    } finally {
+      if (req.heavy && --this.heavyRuns === 0) this.releaseHeavySoon();
+    }
     return Object.fromEntries(req.outputs.map((n) => {
       const t = result[n]!;
       return [n, { type: t.type as Feed['type'], data: t.data as Float32Array | BigInt64Array, dims: [...t.dims] }];
@@ -156,11 +172,30 @@ export class GraphRunner {
   }
 
   async warm(kind: GraphKind): Promise<void> {
-    await this.session(kind, false);
+    await this.session(kind, false, false);
   }
 
-  private session(kind: GraphKind, merged: boolean): Promise<ort.InferenceSession> {
-    const key = `${kind}${merged ? ':merged' : ''}`;
+  /** Heavy runs in progress; heavy sessions are released only once none is. */
+  private heavyRuns = 0;
+  private heavyTimer: ReturnType<typeof setTimeout> | null = null;
+
+  private releaseHeavySoon(): void {
+    if (this.heavyTimer) clearTimeout(this.heavyTimer);
+    this.heavyTimer = setTimeout(() => {
+      this.heavyTimer = null;
+      if (this.heavyRuns > 0) return;
+      for (const [key, session] of this.sessions) {
+        if (!key.endsWith(':heavy')) continue;
+        this.sessions.delete(key);
+        void session.then((s) => s.release(), () => undefined);
+      }
+    }, HEAVY_IDLE_MS);
+    // Never what keeps a process (or a worker) alive.
+    this.heavyTimer.unref?.();
+  }
+
+  private session(kind: GraphKind, merged: boolean, heavy: boolean): Promise<ort.InferenceSession> {
+    const key = `${kind}${merged ? ':merged' : ''}${heavy ? ':heavy' : ''}`;
     let s = this.sessions.get(key);
     if (!s) {
       const { onnx } = buildGraph(kind, this.config.dims, { mergedUnembedding: merged });

@@ -19,6 +19,11 @@ export interface RunnerConfig {
 export interface RunRequest {
   kind: GraphKind;
   merged: boolean;
+  /**
+   * A run with vocabulary-sized or attention-sized tensors far above the usual: it runs on a session of its
+   * own, released once such runs stop (GraphRunner.heavy), so the memory it took goes back to the system.
+   */
+  heavy?: boolean;
   feeds: Record<string, Feed>;
   outputs: string[];
   /** The LoRA adapter's tensors; `feeds` may be left out when this runner already holds that (id, version). */

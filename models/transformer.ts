@@ -94,9 +94,11 @@ export interface BuiltGraph {
 }
 
 /**
- * Builds one of the three graphs:
- * - forward: logprob of each target token, [B, T];
- * - backward: the same logprobs, and the gradient of Σ c·logprob for every LoRA tensor;
+ * Builds one of the graphs. Each attends over P cached positions (past_k/past_v, possibly none) before its
+ * own T, so a long sequence can be scored block by block:
+ * - forward: logprob of each target token, [B, T], and the block's own keys and values;
+ * - backward: the same logprobs, and the gradient of Σ c·logprob (plus cot_k/cot_v on the block's keys and
+ *   values) for every LoRA tensor and for the cached keys and values;
  * - decode: next-token logits of the last position, with a KV cache in and out;
  * - draw: decode, with the next tokens drawn inside the graph (drawTokens);
  * - greedy: decode, with the most likely next token chosen inside the graph;
@@ -117,10 +119,10 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
   const { dModel: d, heads } = dims;
   const hd = d / heads;
   const decode = DECODE_KINDS.includes(kind);
-  const Tk = decode ? 'K' : 'T';
 
   const tokens = g.input('tokens', 'int64', ['B', 'T']);
-  const attnBias = g.input('attn_bias', 'float32', ['B', 1, 'T', Tk]);
+  // Every graph attends over cached positions (P of them, possibly none) and its own: K = P + T keys.
+  const attnBias = g.input('attn_bias', 'float32', ['B', 1, 'T', 'K']);
   const ropeCos = g.unsqueeze(g.input('rope_cos', 'float32', ['B', 'T', hd]), [2]);
   const ropeSin = g.unsqueeze(g.input('rope_sin', 'float32', ['B', 'T', hd]), [2]);
   const scale = g.input('lora_scale', 'float32', []);
@@ -159,17 +161,20 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
   // Embedding: columns of the transposed table, back to [B, T, d].
   let x = g.transpose(g.gather(W('embed_t'), tokens, 1), [1, 2, 0]);
   const presents: Sym[] = [];
+  /** The block's own keys and values per layer, and the cached ones they follow (scoring graphs: see blockScoring in engine.ts). */
+  const own: { k: Sym; v: Sym; pastK: Sym; pastV: Sym }[] = [];
   for (let l = 0; l < dims.layers; l++) {
     const p = `layers.${l}`;
     const h = rmsnorm(x, W(`${p}.attn_norm`));
     const q = g.transpose(rope(splitHeads(proj(h, `${p}.q_proj`, W(`${p}.q_proj`)))), [0, 2, 1, 3]);
     let k = g.transpose(rope(splitHeads(proj(h, `${p}.k_proj`, W(`${p}.k_proj`)))), [0, 2, 1, 3]);
     let v = g.transpose(splitHeads(proj(h, `${p}.v_proj`, W(`${p}.v_proj`))), [0, 2, 1, 3]);
-    if (decode) {
-      k = g.concat([g.input(`past_k.${l}`, 'float32', ['B', heads, 'P', hd]), k], 2, ['B', heads, 'K', hd]);
-      v = g.concat([g.input(`past_v.${l}`, 'float32', ['B', heads, 'P', hd]), v], 2, ['B', heads, 'K', hd]);
-      presents.push(k, v);
-    }
+    const pastK = g.input(`past_k.${l}`, 'float32', ['B', heads, 'P', hd]);
+    const pastV = g.input(`past_v.${l}`, 'float32', ['B', heads, 'P', hd]);
+    own.push({ k, v, pastK, pastV });
+    k = g.concat([pastK, k], 2, ['B', heads, 'K', hd]);
+    v = g.concat([pastV, v], 2, ['B', heads, 'K', hd]);
+    if (decode) presents.push(k, v);
     const scores = g.add(g.mul(g.matmul(q, g.transposeLast(k)), g.scalar(1 / Math.sqrt(hd))), attnBias);
     const attn = g.matmul(g.softmax(scores), v);
     const merged = g.reshape(g.transpose(attn, [0, 2, 1, 3]), [0, 0, d], ['B', 'T', d]);
@@ -210,19 +215,28 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
     const all = g.logSoftmax(logits);
     const logprobs = g.reshape(g.gatherElements(all, g.unsqueeze(targets, [2]), 2), [0, 0], ['B', 'S']);
     g.output(logprobs, 'logprobs');
+    // A block of a long sequence hands its keys and values on to the next block (forward and topk).
+    if (kind !== 'backward') own.forEach(({ k, v }, l) => { g.output(k, `block_k.${l}`); g.output(v, `block_v.${l}`); });
     if (kind === 'topk') {
       const [values, indices] = g.topk(all, g.input('k', 'int64', [1]));
       g.output(values, 'topk_values');
       g.output(indices, 'topk_indices');
     }
     if (kind === 'backward') {
+      // Σ c·logprob over this block, plus what later blocks' losses owe to this block's keys and values
+      // (cot_k, cot_v: zeros for a sequence scored in one run). Out come the LoRA gradients and what
+      // this block's losses owe to the cached keys and values of earlier blocks.
       const cotangent = g.input('cotangent', 'float32', ['B', 'S']);
-      const wrt = [...lora.values()].flatMap(({ A, B }) => [A, B]);
-      const grads = backprop(g, [[logprobs, cotangent]], wrt);
+      const seeds: [Sym, Sym][] = [[logprobs, cotangent]];
+      own.forEach(({ k, v }, l) => seeds.push([k, g.input(`cot_k.${l}`, 'float32', ['B', heads, 'T', hd])], [v, g.input(`cot_v.${l}`, 'float32', ['B', heads, 'T', hd])]));
+      const past = own.flatMap(({ pastK, pastV }) => [pastK, pastV]);
+      const wrt = [...[...lora.values()].flatMap(({ A, B }) => [A, B]), ...past];
+      const grads = backprop(g, seeds, wrt);
       for (const [site, { A, B }] of lora) {
         g.output(grads.get(A)!, `grad.${site}.A`);
         g.output(grads.get(B)!, `grad.${site}.B`);
       }
+      own.forEach(({ pastK, pastV }, l) => { g.output(grads.get(pastK)!, `grad.past_k.${l}`); g.output(grads.get(pastV)!, `grad.past_v.${l}`); });
     }
   }
   return { onnx: g.toOnnx(), loraInputs: [...lora.keys()].flatMap((k) => [`lora.${k}.A`, `lora.${k}.B`]) };

@@ -64,6 +64,17 @@ export const RULES: Record<string, Rule> = {
   LogSoftmax: (g, n, dy) => [g.sub(dy, g.mul(g.exp(out(n)), g.reduceSum(dy, [-1])))],
   // y = softmax(x): dx = y·(dy - Σ dy·y)
   Softmax: (g, n, dy) => [g.mul(out(n), g.sub(dy, g.reduceSum(g.mul(dy, out(n)), [-1])))],
+  // Each input gets its own stretch of dy along the axis, found from the inputs' sizes at run time.
+  Concat: (g, n, dy, need) => {
+    const axis = n.attrs.axis as number;
+    let start = g.constI([0]);
+    return n.inputs.map((x, i) => {
+      const end = g.add(start, g.gather(g.shapeOf(x), g.constI([axis < 0 ? axis + x.shape.length : axis]), 0));
+      const dx = when(need[i], () => g.slice(dy, start, end, [axis], x.shape));
+      start = end;
+      return dx;
+    });
+  },
   // Picks send back a sparse gradient; it becomes dense (scatter-add, as an index may repeat) only where a rule needs it.
   GatherElements: (_g, n, dy) => [{ sparse: true, like: input(n, x0), indices: input(n, x1), updates: dy, axis: n.attrs.axis as number }, null],
 };

@@ -201,6 +201,11 @@ export class GraphBuilder {
     return [values, indices];
   }
 
+  /** x[starts:ends] along `axes` (int64 [n] tensors each); `shape` is the result's. */
+  slice(x: Sym, starts: Sym, ends: Sym, axes: number[], shape: Dim[]): Sym {
+    return this.node('Slice', [x, starts, ends, this.constI(axes)], shape, x.dtype);
+  }
+
   concat(xs: Sym[], axis: number, shape: Dim[]): Sym {
     return this.node('Concat', xs, shape, xs[0]!.dtype, { axis });
   }

@@ -11,7 +11,7 @@ import type {
 import type { Settings } from './settings.js';
 import type { Store } from './store.js';
 
-export type FleetOptions = Pick<Settings, 'coldStartMs' | 'deactivationMs' | 'samplerReplicas' | 'runIdleTimeoutMs' | 'samplerIdleMs'>;
+export type FleetOptions = Pick<Settings, 'coldStartMs' | 'deactivationMs' | 'samplerReplicas' | 'runIdleTimeoutMs' | 'samplerIdleMs' | 'maxSeqLenLimit'>;
 
 /** Largest LoRA rank the engine builds adapters for. */
 export const MAX_LORA_RANK = 128;
@@ -114,10 +114,7 @@ export class Fleet {
     const session = this.getSession(p, input.session_id, 'session_id');
     this.accounts.requireMember(p, session.team_id, `create a run in session ${session.id}`);
     const model = this.requireModel(input.base_model, 'base_model');
-    const maxSeqLen = input.max_seq_len ?? model.maxContextLength;
-    if (maxSeqLen < 1 || maxSeqLen > model.maxContextLength) {
-      throw invalid(`max_seq_len ${maxSeqLen} is out of range for ${model.name}: use 1..${model.maxContextLength}, or omit it for the model's maximum.`, { field: 'max_seq_len' });
-    }
+    const maxSeqLen = this.checkSeqLength(input.max_seq_len, model.name, 'max_seq_len');
     const loraRank = input.lora_rank ?? 64;
     if (loraRank > MAX_LORA_RANK) throw invalid(`lora_rank ${loraRank} is too large: loops-mock supports ranks 1..${MAX_LORA_RANK}.`, { field: 'lora_rank' });
     if (input.path) {
@@ -604,11 +601,20 @@ export class Fleet {
     return model;
   }
 
-  private checkSeqLength(requested: number | null | undefined, baseModel: string): number {
+  /** A run's max_seq_len or a sampler's max_seq_length: within the model's context and this server's limit; omitted, the smaller of the two. */
+  private checkSeqLength(requested: number | null | undefined, baseModel: string, field = 'max_seq_length'): number {
     const max = findBaseModel(baseModel)!.maxContextLength;
-    const value = requested ?? max;
-    if (value < 1 || value > max) throw invalid(`max_seq_length ${value} is out of range for ${baseModel}: use 1..${max}, or omit it.`, { field: 'max_seq_length' });
+    const limit = this.options.maxSeqLenLimit;
+    const value = requested ?? Math.min(max, limit);
+    if (value < 1 || value > max) throw invalid(`${field} ${value} is out of range for ${baseModel}: use 1..${max}, or omit it.`, { field });
+    if (value > limit) throw invalid(`${field} ${value} is above this server's limit of ${limit} positions per sequence: start loops-mock with --max-seq-len-limit ${value} (or set max_seq_len_limit through the admin API) to allow it.`, { field, limit, setting: 'max_seq_len_limit' });
     return value;
+  }
+
+  /** The longest input a run or sampler takes now: its own length, within this server's limit (which may have been lowered since it was made). */
+  lengthLimit(own: number, ownName: string): { maxLength: number; lengthName: string } {
+    const limit = this.options.maxSeqLenLimit;
+    return own <= limit ? { maxLength: own, lengthName: ownName } : { maxLength: limit, lengthName: "server's --max-seq-len-limit (raise it to allow longer)" };
   }
 
   private putSampler(s: SamplerRecord): void {

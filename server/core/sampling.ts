@@ -132,15 +132,16 @@ export class Sampling {
     const merged = { ...SAMPLING_DEFAULTS, ...set } as SamplingParams;
     const stop = given.stop === undefined || given.stop === null ? [] : Array.isArray(given.stop) ? given.stop : [given.stop];
     const cap = this.settings.maxTokensLimit;
-    const limit = Math.min(cap, s.max_seq_length - promptLength);
-    if (merged.max_tokens > limit) throw invalid(`max_tokens ${merged.max_tokens} is over this sampler's limit of ${limit} (max_seq_length ${s.max_seq_length} minus the ${promptLength}-token prompt, at most ${cap}).`, { field: 'max_tokens' });
+    const length = this.fleet.lengthLimit(s.max_seq_length, "sampler's max_seq_length").maxLength;
+    const limit = Math.min(cap, length - promptLength);
+    if (merged.max_tokens > limit) throw invalid(`max_tokens ${merged.max_tokens} is over this sampler's limit of ${limit} (max_seq_length ${length} minus the ${promptLength}-token prompt, at most ${cap}).`, { field: 'max_tokens' });
     if (merged.top_k === 0) throw invalid('top_k must be -1 (off) or at least 1.', { field: 'top_k' });
     return { ...merged, stop };
   }
 
   /** A prompt's tokens, checked against the sampler's model and max_seq_length. */
   private promptTokens(s: SamplerRecord, prompt: ModelInputWire): number[] {
-    return modelInputTokens(prompt, 'prompt', { vocabulary: { size: this.engines.vocabSize(s.base_model), model: s.base_model }, maxLength: s.max_seq_length, lengthName: "sampler's max_seq_length", use: 'samples from' });
+    return modelInputTokens(prompt, 'prompt', { vocabulary: { size: this.engines.vocabSize(s.base_model), model: s.base_model }, ...this.fleet.lengthLimit(s.max_seq_length, "sampler's max_seq_length"), use: 'samples from' });
   }
 
   private draw(s: SamplerRecord, adapter: LoraAdapter, prompt: number[], n: number, params: SamplingParams): Promise<SampledSequence[]> {

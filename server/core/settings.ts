@@ -49,6 +49,10 @@ export const LIVE_SETTINGS = {
     wire: 'floor_wait_ms', shape: 'whole', default: 2000, range: [0, DAY_MS], flag: true, flagRange: [0, 600_000],
     help: 'how long a sampling request below X-Min-Policy-Version waits for a replica before 408',
   },
+  maxSeqLenLimit: {
+    wire: 'max_seq_len_limit', shape: 'whole', default: 8192, range: [1, 1_048_576], flag: true,
+    help: "longest sequence, in positions, this server takes: a run's max_seq_len or a sampler's max_seq_length above it is a 400, and so is a longer input; memory per request stays bounded above it (long sequences are computed in blocks), time grows with length",
+  },
   maxTokensLimit: { wire: 'max_tokens_limit', shape: 'whole', default: 4096, range: [1, 1_000_000], flag: false, help: 'largest max_tokens a sampling request may ask for' },
   // Below the 30 s the clients wait for an answer, so a poll always gets one.
   longPollMs: { wire: 'long_poll_ms', shape: 'whole', default: 25_000, range: [1, 29_999], flag: true, help: "long-poll window of GET .../operations/{id}, then 408; below the clients' 30000" },
