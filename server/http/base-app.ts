@@ -80,12 +80,13 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
     // Ids are short, but a long one is an unknown id (404), not a URL too long (Fastify's 414 past 100 characters).
     routerOptions: { maxParamLength: 8192 },
     // Node checks the two timeouts this often (every 30 s by default: a slow body could hold on that long past its limit).
-    http: { connectionsCheckingInterval: CHECK_EVERY_MS },
+    // A missing Host is answered below in our error shape; Node's own 400 for it has neither shape nor version header.
+    http: { connectionsCheckingInterval: CHECK_EVERY_MS, requireHostHeader: false },
     clientErrorHandler: answerClientError,
     ...(front ? {
       rewriteUrl: (req: IncomingMessage) => front.rewriteUrl(req),
       serverFactory: (handler: (req: IncomingMessage, res: ServerResponse) => void) => {
-        const server = createServer({ connectionsCheckingInterval: CHECK_EVERY_MS }, (req, res) => {
+        const server = createServer({ connectionsCheckingInterval: CHECK_EVERY_MS, requireHostHeader: false }, (req, res) => {
           if (!front.handle(req, res)) handler(req, res);
         });
         server.keepAliveTimeout = KEEP_ALIVE_TIMEOUT_MS;
@@ -120,8 +121,12 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
     closing = true;
     core.beginShutdown();
   });
-  app.addHook('onRequest', async (_request, reply) => {
+  app.addHook('onRequest', async (request, reply) => {
     reply.header('x-loops-mock-version', VERSION);
+    if (request.raw.httpVersion === '1.1' && request.headers.host === undefined) {
+      reply.header('connection', 'close');
+      return sendError(reply, 400, 'invalid_request', "An HTTP/1.1 request needs a Host header (RFC 9112, section 3.2): send 'Host: <the server's host:port>'.", { field: 'headers.host' });
+    }
     if (closing) {
       reply.header('connection', 'close');
       return sendError(reply, 503, 'unavailable', 'loops-mock is shutting down.');

@@ -152,6 +152,8 @@ export function installJournal(app: FastifyInstance, core: LoopsCore, foreignHos
   });
   // Read from the answer object before it is serialised: no second parse of every response body.
   app.addHook('preSerialization', async (request, _reply, payload) => {
+    // Answered by an earlier onRequest hook (no Host header, shutting down): never journaled, nothing to note.
+    if (!request.trace) return payload;
     const { facts, operationId } = bodyFacts(payload);
     request.trace.response = facts;
     if (core.journal.detail === 'full') request.trace.responseBody = payload;

@@ -88,6 +88,16 @@ describe('requests that never reach the app', () => {
     }
   });
 
+  it('an HTTP/1.1 request without a Host header is a 400 naming the header, in the error shape', async () => {
+    const answer = await raw(['GET /v1/loops/runs HTTP/1.1\r\nAuthorization: Bearer k\r\n\r\n']);
+    expect(answer.status).toBe(400);
+    expect(errorOf(answer)).toMatchObject({ type: 'invalid_request', field: 'headers.host' });
+    expect(errorOf(answer).message).toMatch(/Host header/);
+    expect(answer.headers.toLowerCase()).toContain(`x-loops-mock-version: ${VERSION}`);
+    // HTTP/1.0 has no Host requirement.
+    expect((await raw(['GET /healthz HTTP/1.0\r\n\r\n'])).status).toBe(200);
+  });
+
   it('a URL over 16 KB is 414, headers over 16 KB are 431', async () => {
     const longUrl = await raw([`GET /v1/loops/runs/${'a'.repeat(20_000)} HTTP/1.1\r\nHost: x\r\n\r\n`]);
     expect([longUrl.status, errorOf(longUrl).type]).toEqual([414, 'uri_too_long']);
