@@ -24,12 +24,13 @@ export interface ServerProcess {
   exited: Promise<number | null>;
 }
 
-/** Starts the built CLI (dist/) as its own process on a free port and waits for its first 200. */
+/** Starts the built command (dist/) as its own process on a free port and waits for its first 200. */
 export async function startServerProcess(root: string, args: string[] = []): Promise<ServerProcess> {
   const port = await freePort();
   const base = `http://127.0.0.1:${port}`;
   const started = performance.now();
-  const child = spawn(process.execPath, [join(root, 'dist', 'server', 'cli.js'), '--port', String(port), ...args], { stdio: 'ignore' });
+  // Through its shebang, as the loops-mock command and npm start run it: the runtime settings it makes count here.
+  const child = spawn(join(root, 'dist', 'server', 'cli.js'), ['--port', String(port), ...args], { stdio: 'ignore' });
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
   for (;;) {
     try {

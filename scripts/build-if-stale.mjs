@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // `npm start` builds only when a source is newer than the last build: a built checkout starts at once.
 import { execFileSync } from 'node:child_process';
-import { existsSync, readdirSync, statSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -29,3 +29,5 @@ if (sources > built || !existsSync(join(root, 'dist', 'server', 'cli.js'))) {
   execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
   writeFileSync(stamp, `${new Date().toISOString()}\n`);
 }
+// `npm start` runs the command through its shebang (server/cli.ts says why), as npm's links do.
+for (const cli of ['server', 'conformance']) chmodSync(join(root, 'dist', cli, 'cli.js'), 0o755);

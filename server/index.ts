@@ -3,6 +3,7 @@ import type { FastifyInstance } from 'fastify';
 import { EnginePool, findBaseModel, probeDevice, Tokenizers } from '../models/index.js';
 import { ConfigError, DEFAULTS, liveSettingsOf, type ServerOptions } from './config.js';
 import { LoopsCore } from './core/core.js';
+import { collectorAfterReleases } from './memory-return.js';
 import type { Clock } from './core/clock.js';
 import { applyScenario, parseScenario, readScenarioSource, type ScenarioSpec } from './admin/scenario.js';
 import { ManualClock } from './core/clock.js';
@@ -115,6 +116,7 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
     journalDetail: options.journalDetail,
     faultSeed: options.faultSeed,
   });
+  core.fleet.onRunStopped(collectorAfterReleases());
   if (scenario) {
     const startup = scenario;
     applyScenario(core, startup);
