@@ -1,0 +1,55 @@
+import { dirname, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { runSoak, targetsOf } from './suite.js';
+
+/**
+ * `npm run soak`: the reliability suite at full size, its figures printed beside their targets
+ * (or as JSON with --json); exit status 1 when a target is missed, 2 for a bad flag.
+ */
+const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+let flags;
+try {
+  flags = parseArgs({
+    options: {
+      seed: { type: 'string', default: 'soak' },
+      cases: { type: 'string', default: '10000' },
+      'raw-cases': { type: 'string', default: '1000' },
+      kills: { type: 'string', default: '20' },
+      waves: { type: 'string', default: '10,25,50' },
+      json: { type: 'boolean', default: false },
+    },
+  }).values;
+} catch (e) {
+  console.error(`soak: ${(e as Error).message}\nusage: npm run soak -- [--seed S] [--cases N] [--raw-cases N] [--kills N] [--waves 10,25,50] [--json]`);
+  process.exit(2);
+}
+const whole = (name: string, text: string, min: number): number => {
+  const n = Number(text);
+  if (!Number.isInteger(n) || n < min) {
+    console.error(`soak: --${name} must be a whole number of at least ${min}, got '${text}'`);
+    process.exit(2);
+  }
+  return n;
+};
+const waves = flags.waves.split(',').map((w) => whole('waves', w.trim(), 1));
+const report = await runSoak({
+  root,
+  seed: flags.seed,
+  cases: whole('cases', flags.cases, 1),
+  rawCases: whole('raw-cases', flags['raw-cases'], 1),
+  kills: whole('kills', flags.kills, 1),
+  waves,
+});
+const rows = targetsOf(report);
+if (flags.json) {
+  console.log(JSON.stringify({ ...report, targets: rows }, null, 2));
+} else {
+  console.log(`soak: seed '${report.options.seed}', ${report.seconds.toFixed(0)} s`);
+  console.log(`fuzz: ${report.fuzz.cases} cases by family ${JSON.stringify(report.fuzz.byFamily)}; answers by status ${JSON.stringify(report.fuzz.byStatus)}`);
+  console.log(`malformed HTTP: ${report.raw.cases} cases, ${report.raw.noAnswer} closed without an answer (cut off by the half-close)`);
+  for (const w of report.load.waves) console.log(`load: wave of ${w.clients} clients x ${w.rounds} rounds in ${w.seconds.toFixed(1)} s, ${w.errors} errors, RSS after ${w.rssMb.toFixed(0)} MB`);
+  for (const r of rows) console.log(`${r.met ? 'ok  ' : 'MISS'} ${r.figure}: ${r.value} (target ${r.target})`);
+  for (const f of [...report.fuzz.failures, ...report.raw.failures, ...report.kills.failures, ...report.load.failures]) console.log(`  ${f}`);
+}
+process.exit(rows.every((r) => r.met) ? 0 : 1);

@@ -1,0 +1,91 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { startServerProcess } from '../bench/server-process.js';
+import { runFuzz, type FuzzFigures } from './fuzz.js';
+import { runKillRestart, type KillFigures } from './kill-restart.js';
+import { runLoadWaves, type LoadFigures } from './load-waves.js';
+import { runMalformedHttp, type RawFigures } from './malformed-http.js';
+
+/** The reliability suite: fuzz, malformed HTTP, kill -9 restarts, load waves; each against real server processes. */
+
+export interface SoakOptions {
+  root: string;
+  seed: string;
+  cases: number;
+  rawCases: number;
+  kills: number;
+  waves: number[];
+}
+
+export interface SoakReport {
+  options: Omit<SoakOptions, 'root'>;
+  fuzz: FuzzFigures;
+  raw: RawFigures;
+  kills: KillFigures;
+  load: LoadFigures;
+  seconds: number;
+}
+
+/** Short timeouts, so that a request the server leaves waiting shows as a 408 well within the 30 s hang bound. */
+const SERVER_FLAGS = ['--long-poll-ms', '2000', '--floor-wait-ms', '500', '--headers-timeout-ms', '2000', '--body-timeout-ms', '5000', '--log-level', 'silent'];
+export const SOAK_KEY = 'bench-key';
+
+export async function runSoak(options: SoakOptions): Promise<SoakReport> {
+  const started = performance.now();
+  const main = await startServerProcess(options.root, [...SERVER_FLAGS, '--api-key', `${SOAK_KEY}:soak-org`, '--api-key', 'soak-other:other-org']);
+  const admin = await startServerProcess(options.root, [...SERVER_FLAGS, '--admin', '--admin-token', 'soak-admin']);
+  let fuzz: FuzzFigures;
+  let raw: RawFigures;
+  try {
+    const openapi = await (await fetch(`${admin.base}/openapi.json`)).json();
+    fuzz = await runFuzz(openapi, {
+      cases: options.cases,
+      seed: options.seed,
+      main: { base: main.base, auth: { authorization: `Bearer ${SOAK_KEY}` }, other: { authorization: 'Bearer soak-other' } },
+      admin: { base: admin.base, auth: { authorization: 'Bearer soak-admin' }, other: { authorization: 'Bearer not-the-admin-token' } },
+    });
+    raw = await runMalformedHttp(Number(new URL(main.base).port), SOAK_KEY, options.rawCases, options.seed);
+  } finally {
+    main.stop();
+    admin.stop();
+    await Promise.all([main.exited, admin.exited]);
+  }
+  const killDir = mkdtempSync(join(tmpdir(), 'loops-mock-soak-kills-'));
+  const waveDir = mkdtempSync(join(tmpdir(), 'loops-mock-soak-waves-'));
+  try {
+    const kills = await runKillRestart(options.root, killDir, options.kills, options.seed);
+    const load = await runLoadWaves(options.root, options.waves, waveDir);
+    const { root: _root, ...rest } = options;
+    return { options: rest, fuzz, raw, kills, load, seconds: (performance.now() - started) / 1000 };
+  } finally {
+    rmSync(killDir, { recursive: true, force: true });
+    rmSync(waveDir, { recursive: true, force: true });
+  }
+}
+
+/** Each figure the issue sets a target for, its value, and whether it meets it. */
+export function targetsOf(r: SoakReport): { figure: string; value: string; target: string; met: boolean }[] {
+  const zero = (figure: string, value: number) => ({ figure, value: String(value), target: '0', met: value === 0 });
+  const rows = [
+    { figure: 'fuzz cases', value: String(r.fuzz.cases), target: `>= ${r.options.cases}`, met: r.fuzz.cases >= r.options.cases },
+    zero('fuzz 5xx', r.fuzz.fiveXx),
+    zero('fuzz wrongly shaped errors', r.fuzz.wrongShape),
+    zero('fuzz hangs over 30 s', r.fuzz.hangs),
+    zero('fuzz dropped connections', r.fuzz.transport),
+    zero('fuzz invalid input accepted', r.fuzz.invalidAccepted),
+    zero('malformed HTTP 5xx', r.raw.fiveXx),
+    zero('malformed HTTP wrongly shaped errors', r.raw.wrongShape),
+    zero('malformed HTTP hangs over 30 s', r.raw.hangs),
+    { figure: 'kills', value: `${r.kills.kills} (${r.kills.killsDuringSave} during saves)`, target: `${r.options.kills}`, met: r.kills.kills === r.options.kills },
+    { figure: 'checkpoints acknowledged', value: String(r.kills.acknowledged), target: '> 0', met: r.kills.acknowledged > 0 },
+    zero('checkpoints lost', r.kills.lost),
+    zero('checkpoints corrupt', r.kills.corrupt),
+    zero('checkpoint folders without a record', r.kills.orphanFolders),
+    zero('requests failing before a kill', r.kills.errors),
+    { figure: 'graceful stop exit status', value: String(r.kills.finalExit), target: '0', met: r.kills.finalExit === 0 },
+    zero('load client errors', r.load.waves.reduce((n, w) => n + w.errors, 0)),
+  ];
+  if (r.load.waves.length > 1) rows.push({ figure: 'RSS after the last wave / after the first', value: r.load.rssGrowth.toFixed(2), target: '<= 1.10', met: r.load.rssGrowth <= 1.1 });
+  return rows;
+}
