@@ -88,7 +88,13 @@ const HEAVY_FLOATS = 4 * 2 ** 20;
 const MERGE_FROM_POSITIONS = 64;
 
 /** The decode graphs: the whole next-token distribution back, a token drawn in the graph, or the most likely one. */
-type StepKind = 'decode' | 'draw' | 'greedy';
+type StepKind = 'decode' | 'draw' | 'draw_top' | 'greedy';
+
+/** A draw among the `topK` most likely tokens, cut again to `topP` of their mass (1: none): drawn in the graph. */
+export interface TopCut {
+  topK: number;
+  topP: number;
+}
 
 /** A prompt waiting for its prefill (see startSequence). */
 interface PromptRequest {
@@ -97,6 +103,7 @@ interface PromptRequest {
   invTemperature: number;
   kind: StepKind;
   draws: number[] | null;
+  cut: TopCut | null;
 }
 
 /** One sampling stream's rows waiting for their next decode step (see decodeRows). */
@@ -104,6 +111,7 @@ interface RowsRequest {
   rows: DecodeRow[];
   adapter: LoraAdapter;
   invTemperature: number;
+  cut: TopCut | null;
 }
 
 /** Checks that a device can run graphs, with a tiny model; throws DeviceUnavailableError if not. */
@@ -142,7 +150,7 @@ export class ModelEngine {
 
   /** Each prompt queues one turn; the first turn to come takes every prompt of its key waiting by then. */
   private readonly prompts = new BatchQueue<PromptRequest, SequenceStart>({
-    keyOf: (p) => batchKey(p.adapter, p.kind),
+    keyOf: (p) => batchKey(p.adapter, p.kind, p.cut),
     maxBatch: MAX_BATCH_REQUESTS,
     run: (batch) => this.prefill(batch),
     schedule: (queue) => void this.inTurn(() => queue.runBatch()),
@@ -150,7 +158,7 @@ export class ModelEngine {
 
   /** Decode steps gather until the next turn of the event loop, and wait a little for streams still choosing. */
   private readonly steps = new BatchQueue<RowsRequest, RowStep[]>({
-    keyOf: (r) => batchKey(r.adapter, stepKind(r.rows[0]!)),
+    keyOf: (r) => batchKey(r.adapter, stepKind(r), r.cut),
     maxBatch: MAX_BATCH_REQUESTS,
     run: (batch) => this.stepRows(batch),
     schedule: flushSoon(() => this.streams, BATCH_WAIT_MS),
@@ -334,9 +342,9 @@ export class ModelEngine {
    * distribution. Prompts that arrive while the engine is busy are prefilled
    * together in one graph run (rows of different lengths, padded and masked).
    */
-  startSequence(tokens: number[], adapter: LoraAdapter, invTemperature: number, draws: number[] | null): Promise<SequenceStart> {
-    const kind = draws === null ? 'decode' : draws[0]! < 0 ? 'greedy' : 'draw';
-    return this.prompts.push({ tokens, adapter, invTemperature, kind, draws });
+  startSequence(tokens: number[], adapter: LoraAdapter, invTemperature: number, draws: number[] | null, cut: TopCut | null = null): Promise<SequenceStart> {
+    const kind = draws === null ? 'decode' : draws[0]! < 0 ? 'greedy' : cut ? 'draw_top' : 'draw';
+    return this.prompts.push({ tokens, adapter, invTemperature, kind, draws, cut: kind === 'draw_top' ? cut : null });
   }
 
   /** Prefills prompts of one key, from a turn already taken in the queue: short ones in one graph run, long ones in blocks. */
@@ -357,7 +365,8 @@ export class ModelEngine {
     let state: DecodeState | null = null;
     for (const [start, end] of blocks.slice(0, -1)) {
       const feeds = promptFeeds(this.dims, [p.tokens.slice(start, end)], [p.invTemperature], state);
-      if (p.kind === 'draw') feeds.u = feed('float32', new Float32Array(p.draws!.length).fill(0.5), [1, p.draws!.length]);
+      if (p.kind === 'draw' || p.kind === 'draw_top') feeds.u = feed('float32', new Float32Array(p.draws!.length).fill(0.5), [1, p.draws!.length]);
+      if (p.kind === 'draw_top') Object.assign(feeds, cutFeeds(p.cut!.topK, [p.cut!.topP]));
       const result = await this.runNow(p.kind, feeds, this.presents, p.adapter);
       state = { past: this.presents.map((n) => result[n]!), batch: 1, length: end };
     }
@@ -371,7 +380,8 @@ export class ModelEngine {
     const P = state?.length ?? 0;
     const feeds = promptFeeds(this.dims, batch.map((p) => p.tokens), batch.map((p) => p.invTemperature), state);
     const N = Math.max(...batch.map((p) => p.draws?.length ?? 0));
-    if (kind === 'draw') feeds.u = feed('float32', Float32Array.from({ length: B * N }, (_, i) => batch[Math.floor(i / N)]!.draws![i % N] ?? 0.5), [B, N]);
+    if (kind === 'draw' || kind === 'draw_top') feeds.u = feed('float32', Float32Array.from({ length: B * N }, (_, i) => batch[Math.floor(i / N)]!.draws![i % N] ?? 0.5), [B, N]);
+    if (kind === 'draw_top') Object.assign(feeds, cutFeeds(batch[0]!.cut!.topK, batch.map((p) => p.cut!.topP)));
     const outputs = kind === 'decode' ? ['logprobs', 'probs'] : ['token', 'token_logprob'];
     const result = await this.runNow(kind, feeds, [...outputs, ...this.presents], adapter);
     const T = feeds.tokens!.dims[1]!;
@@ -394,8 +404,8 @@ export class ModelEngine {
    * concurrent requests on the same adapter are gathered into one graph run
    * (continuous batching), caches padded to the longest and masked.
    */
-  decodeRows(rows: DecodeRow[], adapter: LoraAdapter, invTemperature: number): Promise<RowStep[]> {
-    return this.steps.push({ rows, adapter, invTemperature });
+  decodeRows(rows: DecodeRow[], adapter: LoraAdapter, invTemperature: number, cut: TopCut | null = null): Promise<RowStep[]> {
+    return this.steps.push({ rows, adapter, invTemperature, cut: rows[0]?.draw !== undefined && rows[0].draw >= 0 ? cut : null });
   }
 
   /** Marks a sampling stream as decoding until the returned function is called. */
@@ -413,8 +423,9 @@ export class ModelEngine {
     const B = rows.length;
     const { vocab } = this.dims;
     const feeds = stepFeeds(this.dims, rows, batch.flatMap((r) => r.rows.map(() => r.invTemperature)));
-    const kind = stepKind(rows[0]!);
-    if (kind === 'draw') feeds.u = feed('float32', Float32Array.from(rows, (r) => r.draw!), [B, 1]);
+    const kind = stepKind(batch[0]!);
+    if (kind === 'draw' || kind === 'draw_top') feeds.u = feed('float32', Float32Array.from(rows, (r) => r.draw!), [B, 1]);
+    if (kind === 'draw_top') Object.assign(feeds, cutFeeds(batch[0]!.cut!.topK, batch.flatMap((r) => r.rows.map(() => r.cut!.topP))));
     const drawn = kind !== 'decode';
     const result = await this.run(kind, feeds, [...(drawn ? ['token', 'token_logprob'] : ['logprobs', 'probs']), ...this.presents], batch[0]!.adapter);
     const caches = grownCaches(this.dims, this.presents.map((n) => result[n]!), rows);
@@ -473,11 +484,18 @@ export class ModelEngine {
 }
 
 /** Requests that may share one graph run: the same adapter version and the same decode graph. */
-function batchKey(adapter: LoraAdapter, kind: GraphKind): string {
-  return `${adapter.id}:${adapter.version}:${kind}`;
+function batchKey(adapter: LoraAdapter, kind: GraphKind, cut: TopCut | null): string {
+  // The k of a top-k draw is one number per graph run; each row brings its own top_p.
+  return `${adapter.id}:${adapter.version}:${kind}${kind === 'draw_top' ? `:${cut!.topK}` : ''}`;
 }
 
 /** Which decode graph serves a row: every row of one graph run shares it. */
-function stepKind(row: DecodeRow): StepKind {
-  return row.draw === undefined ? 'decode' : row.draw < 0 ? 'greedy' : 'draw';
+function stepKind(r: RowsRequest): StepKind {
+  const draw = r.rows[0]!.draw;
+  return draw === undefined ? 'decode' : draw < 0 ? 'greedy' : r.cut ? 'draw_top' : 'draw';
+}
+
+/** The inputs of a top-k draw: k, and each row's top_p. */
+function cutFeeds(k: number, topP: number[]): Record<string, Feed> {
+  return { k: feed('int64', BigInt64Array.from([BigInt(k)]), [1]), top_p: feed('float32', Float32Array.from(topP), [topP.length, 1]) };
 }

@@ -46,9 +46,13 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
   // The graph draws the tokens itself where it can (greedy, or no top-p or top-k cut): only the tokens cross
   // back, not two vocabulary-sized arrays per row. Their uniform numbers come from the same generator, taken
   // in the same order as chooseToken takes them, so a seed still fixes the tokens.
-  const drawInGraph = params.temperature === 0 || (params.top_p >= 1 && !(params.top_k > 0 && params.top_k < engine.dims.vocab));
+  // A top-k cut (with or without top-p) is drawn in the graph too, among its sorted candidates; a top-p cut
+  // alone needs the whole distribution (the nucleus of an untrained model holds most of the vocabulary).
+  const topK = params.top_k > 0 && params.top_k < engine.dims.vocab;
+  const cut = params.temperature !== 0 && topK ? { topK: params.top_k, topP: Math.min(params.top_p, 1) } : null;
+  const drawInGraph = params.temperature === 0 || cut !== null || params.top_p >= 1;
   const nextDraw = () => (params.temperature === 0 ? -1 : rng.next());
-  const first = await engine.startSequence(prompt, adapter, invT, drawInGraph ? seqs.map(nextDraw) : null);
+  const first = await engine.startSequence(prompt, adapter, invT, drawInGraph ? seqs.map(nextDraw) : null, cut);
   // Every sample starts from the prompt's cache; unfinished rows then step together, batched with other requests'.
   const close = engine.openStream();
   try {
@@ -67,7 +71,7 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
       }
     }
     if (step === params.max_tokens - 1 || !next.length) break;
-    const stepped = await engine.decodeRows(next.map((r) => ({ token: r.token, cache: r.cache, ...(drawInGraph ? { draw: nextDraw() } : {}) })), adapter, invT);
+    const stepped = await engine.decodeRows(next.map((r) => ({ token: r.token, cache: r.cache, ...(drawInGraph ? { draw: nextDraw() } : {}) })), adapter, invT, cut);
     rows = next.map((r, k) => ({ i: r.i, step: stepped[k]! }));
   }
   } finally {

@@ -82,10 +82,10 @@ export function baseWeights(modelName: string, dims: ModelDims): BaseWeight[] {
   });
 }
 
-export type GraphKind = 'forward' | 'backward' | 'decode' | 'draw' | 'greedy' | 'topk';
+export type GraphKind = 'forward' | 'backward' | 'decode' | 'draw' | 'draw_top' | 'greedy' | 'topk';
 
 /** The decode graphs (a KV cache in and out): the whole next-token distribution out, or the next token drawn or chosen inside. */
-export const DECODE_KINDS: readonly GraphKind[] = ['decode', 'draw', 'greedy'];
+export const DECODE_KINDS: readonly GraphKind[] = ['decode', 'draw', 'draw_top', 'greedy'];
 
 export interface BuiltGraph {
   onnx: Uint8Array;
@@ -101,6 +101,8 @@ export interface BuiltGraph {
  *   values) for every LoRA tensor and for the cached keys and values;
  * - decode: next-token logits of the last position, with a KV cache in and out;
  * - draw: decode, with the next tokens drawn inside the graph (drawTokens);
+ * - draw_top: decode, with the next tokens drawn inside the graph among the k most likely, cut again to
+ *   each row's top_p of their mass (drawTopTokens);
  * - greedy: decode, with the most likely next token chosen inside the graph;
  * - topk: the forward logprobs, and the k most likely tokens at every position (prompt top-k).
  */
@@ -196,8 +198,11 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
     // With a merged unembedding the caller feeds W + scale·A·B, built once per adapter version (mergeGraph).
     const logits = options.packedUnembedding ? g.matmul(last, g.constF(options.packedUnembedding, [d, dims.vocab]))
       : options.mergedUnembedding ? g.matmul(last, g.input('lm_head_merged', 'float32', [d, dims.vocab])) : proj(last, 'lm_head', W('embed_t'));
-    if (kind === 'draw' || kind === 'greedy') {
-      const { token, logprob } = kind === 'draw' ? drawTokens(g, logits, g.input('u', 'float32', ['B', 'N']), dims.vocab) : mostLikely(g, logits);
+    if (kind === 'draw' || kind === 'draw_top' || kind === 'greedy') {
+      const u = () => g.input('u', 'float32', ['B', 'N']);
+      const { token, logprob } = kind === 'draw' ? drawTokens(g, logits, u(), dims.vocab)
+        : kind === 'draw_top' ? drawTopTokens(g, logits, u(), g.input('k', 'int64', [1]), g.input('top_p', 'float32', ['B', 1]))
+          : mostLikely(g, logits);
       g.output(token, 'token');
       g.output(logprob, 'token_logprob');
     } else {
@@ -270,6 +275,29 @@ function drawTokens(g: GraphBuilder, logits: Sym, u: Sym, vocab: number): { toke
   const offset = firstPast(inBlock, g.unsqueeze(g.sub(target, before), [2]), S);
   const token = g.add(g.mul(block, g.constI([S])), offset);
   return { token, logprob: g.log(g.gatherElements(probs, token, 1)) };
+}
+
+/**
+ * Draws N tokens per row among its k most likely (TopK: by logit, the lower id first on ties, as the
+ * sampler's own cut), and of those the fewest, most likely first, whose mass reaches `topP` ([B, 1]; 1 =
+ * all k) of theirs: the candidates are sorted, so the cut is one running sum over k, not the vocabulary.
+ * The logprob is under the whole distribution at the temperature, as chooseToken gives it.
+ */
+function drawTopTokens(g: GraphBuilder, logits: Sym, u: Sym, k: Sym, topP: Sym): { token: Sym; logprob: Sym } {
+  const [values, ids] = g.topk(g.logSoftmax(logits), k);
+  const probs = g.exp(values);
+  const cum = g.cumsum(probs, 1);
+  const total = g.reduceSum(probs, [1], true);
+  // A candidate is kept while the mass before it is short of top_p of the total: the first to reach it is the last kept.
+  const kept = g.where(g.less(g.sub(cum, probs), g.mul(topP, total)), probs, g.constF([0], []));
+  const keptCum = g.cumsum(kept, 1);
+  const last = g.reduceSum(kept, [1], true);
+  const target = g.unsqueeze(g.mul(u, last), [2]);
+  // The first candidate whose running sum passes u·mass: the count of those at or below it, never one whose
+  // running sum is already the final value (a cut candidate, or rounding at u ≈ 1).
+  const at = g.unsqueeze(keptCum, [1]);
+  const index = g.reduceSum(g.cast(g.and(g.lessOrEqual(at, target), g.less(at, g.unsqueeze(last, [2]))), 'int64'), [-1], false);
+  return { token: g.gatherElements(ids, index, 1), logprob: g.gatherElements(values, index, 1) };
 }
 
 /** The most likely token of each row ([B, 1]; the first on ties) and its logprob. */
