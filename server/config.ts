@@ -1,4 +1,5 @@
 import type { ApiKeySpec } from './core/accounts.js';
+import { BASE_MODELS, findBaseModel } from '../models/registry.js';
 import { DEFAULT_UNEMBEDDING_RANK } from '../models/transformer.js';
 import { MAX_LORA_RANK } from './core/fleet.js';
 import { LIVE_SETTING_ROWS, type Settings, type SettingWithFlag } from './core/settings.js';
@@ -33,6 +34,8 @@ interface StartupOptions {
   unembeddingRank: number;
   /** Model name → a tokenizer.json (or its folder) to use instead of the built-in one. */
   tokenizers: Record<string, string>;
+  /** Base models whose engine is built and run once in the background at start. */
+  warmModels: string[];
   /** Serve the admin API under /_mock/. */
   admin: boolean;
   /** When set, the admin API needs `Authorization: Bearer <token>`. */
@@ -251,6 +254,17 @@ const ENGINE_AND_ADMIN_ROWS: StartupRowSpecs<Exclude<StartupKey, keyof typeof LI
         next[pair.slice(0, eq)] = pair.slice(eq + 1);
       }
       return next;
+    },
+  },
+  warmModels: {
+    flag: 'warm', default: ['Qwen/Qwen3.5-2B'], shown: 'Qwen/Qwen3.5-2B',
+    help: "MODEL[,MODEL...]: base models whose engine is built and run once in the background at start, so that a client's first step costs what its later ones do (about 150 MB resident each); none: no model",
+    parse: (v) => {
+      if (v === 'none') return [];
+      return v.split(',').map((name) => {
+        if (!findBaseModel(name)) throw new ConfigError(`--warm: '${name}' is not a supported base model (${BASE_MODELS.map((m) => m.name).join(', ')}), or 'none'`);
+        return name;
+      });
     },
   },
   admin: { flag: 'admin', default: false, switch: true, help: 'serve the admin API under /_mock/ (faults, journal, scenarios, clock; see docs/admin.md)', parse: (v) => truth('admin', v) },

@@ -1,5 +1,5 @@
 import { appendFileSync } from 'node:fs';
-import type { FastifyInstance } from 'fastify';
+import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
 import { EnginePool, findBaseModel, probeDevice, Tokenizers } from '../models/index.js';
 import { ConfigError, DEFAULTS, liveSettingsOf, type ServerOptions } from './config.js';
 import { LoopsCore } from './core/core.js';
@@ -81,6 +81,21 @@ async function prepareEngines(options: ServerOptions): Promise<EnginePool> {
   return new EnginePool(tokenizers, { device: options.device, unembeddingRank: options.unembeddingRank });
 }
 
+/** Builds and runs each model's graphs once (ModelEngine.warmUp); a failure is logged, never fatal: the first request would build them again. */
+async function warmEngines(engines: EnginePool, models: string[], log: FastifyBaseLogger): Promise<void> {
+  for (const model of models) {
+    const started = performance.now();
+    try {
+      await engines.get(model).warmUp();
+      // Stop strings are matched on decoded text: the decoder is loaded now too, not in a client's first sample.
+      engines.sampleCodec(model).decode([0]);
+      log.info(`${model}: engine warm (--warm) in ${((performance.now() - started) / 1000).toFixed(1)} s`);
+    } catch (err) {
+      log.warn(`${model}: warming the engine failed (its first request builds it instead): ${(err as Error).message}`);
+    }
+  }
+}
+
 /** Starts a loops-mock server. Options are the CLI flags in camelCase; `port: 0` picks a free port. */
 export async function startServer(overrides: StartOptions = {}): Promise<RunningServer> {
   const options: ServerOptions = { ...DEFAULTS, ...overrides, apiKeys: overrides.apiKeys ?? [], tokenizers: overrides.tokenizers ?? {}, weightSyncDelayMs: overrides.weightSyncDelayMs ?? DEFAULTS.weightSyncDelayMs };
@@ -155,6 +170,8 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
   const env: Record<string, string> = ca
     ? { BASETEN_API_KEY: apiKey, HTTPS_PROXY: url, SSL_CERT_FILE: ca.bundle, REQUESTS_CA_BUNDLE: ca.bundle, NODE_EXTRA_CA_CERTS: ca.cert }
     : { LOOPS_BASE_URL: publicUrl, BASETEN_API_KEY: apiKey, BASETEN_MANAGEMENT_API_URL_OVERRIDE: publicUrl, HF_ENDPOINT: `${publicUrl}/hf` };
+  // After listening: requests that come meanwhile queue behind the warm-up on the engine, as they would behind any step.
+  const warming = warmEngines(engines, options.warmModels, app.log);
   let closed: Promise<void> | undefined;
   return {
     url,
@@ -167,6 +184,7 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
     close: () => (closed ??= (async () => {
       proxy?.close();
       await app.close();
+      await warming;
       await core.drain();
       core.close();
       if (!overrides.engines) await engines.close();

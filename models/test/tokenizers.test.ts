@@ -2,13 +2,35 @@ import { copyFileSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'nod
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
-import { BASE_MODELS, EnginePool, FAMILY_VOCAB, Tokenizers } from '../index.js';
+import { afterAll, describe, expect, it, vi } from 'vitest';
+import { BASE_MODELS, EnginePool, FAMILY_EOS, FAMILY_VOCAB, Tokenizers } from '../index.js';
+import { Prng } from '../prng.js';
 
 const require = createRequire(import.meta.url);
 const dir = mkdtempSync(join(tmpdir(), 'loops-mock-tok-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 const noCache = () => new Tokenizers(new Map(), null);
+
+describe('the lean decoder sampling matches stop strings with', () => {
+  it('decodes as the tokenizer library does, on both families: vocabulary and added tokens, split and invalid UTF-8', () => {
+    const tokenizers = noCache();
+    const rng = new Prng('lean-decoder');
+    for (const model of ['Qwen/Qwen3-8B', 'deepseek-ai/DeepSeek-V4-Flash']) {
+      const full = tokenizers.get(model);
+      const lean = tokenizers.decoder(model);
+      expect(lean).not.toBe(full);
+      const pick = () => Math.floor(rng.next() * full.vocabSize);
+      const texts = ['Hello, world!', '日本語のテキスト 🎉 émoji', '  spaces\n\n\ttabs', 'billing<|im_end|>'];
+      const cases: number[][] = texts.map((t) => full.encode(t));
+      // Multi-byte characters cut between tokens, and alone (invalid on their own).
+      for (const ids of [...cases]) for (let cut = 1; cut < ids.length; cut++) cases.push(ids.slice(0, cut), ids.slice(cut));
+      for (let i = 0; i < 1500; i++) cases.push(Array.from({ length: 1 + Math.floor(rng.next() * 10) }, pick));
+      // Added tokens (the last ids) among vocabulary ones.
+      for (let i = 0; i < 300; i++) cases.push([pick(), full.vocabSize - 1 - Math.floor(rng.next() * 20), pick(), pick()]);
+      for (const ids of cases) expect(lean.decode(ids), `${model} ${JSON.stringify(ids)}`).toBe(full.decode(ids));
+    }
+  });
+});
 
 describe('tokenizers', () => {
   it('ship with the package: each family\'s vocabulary size is the real file\'s', () => {
@@ -16,6 +38,16 @@ describe('tokenizers', () => {
     expect(tokenizers.get('Qwen/Qwen3-8B').vocabSize).toBe(FAMILY_VOCAB.qwen3);
     expect(tokenizers.get('deepseek-ai/DeepSeek-V4-Flash').vocabSize).toBe(FAMILY_VOCAB.deepseek_v3);
     expect(tokenizers.get('Qwen/Qwen3-8B').encode(' billing')).toEqual([33531]);
+    // And their end-of-sequence ids, which sampling takes without loading the file.
+    expect(tokenizers.get('Qwen/Qwen3-8B').eosTokenIds).toEqual([...FAMILY_EOS.qwen3]);
+    expect(tokenizers.get('deepseek-ai/DeepSeek-V4-Flash').eosTokenIds).toEqual([...FAMILY_EOS.deepseek_v3]);
+    const fresh = noCache();
+    const loads = vi.spyOn(fresh, 'get');
+    const codec = new EnginePool(fresh).sampleCodec('Qwen/Qwen3-8B');
+    expect(codec.eosTokenIds).toEqual([...FAMILY_EOS.qwen3]);
+    expect(loads).not.toHaveBeenCalled();
+    expect(codec.decode([33531])).toBe(' billing');
+    expect(loads).not.toHaveBeenCalled();
   });
 
   it('map every supported model to a family, as documented', () => {

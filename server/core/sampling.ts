@@ -145,7 +145,7 @@ export class Sampling {
   }
 
   private draw(s: SamplerRecord, adapter: LoraAdapter, prompt: number[], n: number, params: SamplingParams): Promise<SampledSequence[]> {
-    return sampleSequences(this.engines.get(s.base_model), adapter, prompt, n, params, this.engines.tokenizers.get(s.base_model));
+    return sampleSequences(this.engines.get(s.base_model), adapter, prompt, n, params, this.engines.sampleCodec(s.base_model));
   }
 
   /** Prompt logprobs (null at 0) and, with k > 0, the top-k tokens at each position. */

@@ -13,7 +13,8 @@ export const REFERENCE_PATH = process.env.LOOPS_OPENAPI_REFERENCE ?? join(REPO_R
 export const referenceAvailable = existsSync(REFERENCE_PATH);
 
 export async function startTestServer(options: StartOptions = {}): Promise<RunningServer> {
-  return startServer({ port: 0, logLevel: 'silent', ...options });
+  // Test servers warm no engine at start (each test's own first step builds what it uses).
+  return startServer({ port: 0, logLevel: 'silent', warmModels: [], ...options });
 }
 
 export interface Reply {
