@@ -33,7 +33,7 @@ export async function benchSampler(root: string): Promise<void> {
     };
     // First the SDK's default sampling (temperature 1, no cut: what on-policy RL samples with, drawn inside the
     // graph), then the RL guide's cuts: top_k 50 (drawn inside the graph among the sorted candidates) and
-    // top_p 0.95 alone (the nucleus is cut in JavaScript from the whole distribution).
+    // top_p 0.95 alone (the nucleus drawn inside the graph: probabilities bucketed, the crossing bucket sorted).
     let plain = 0;
     for (const [label, cut] of [['temperature 1', {}], ['temperature 1, top_k 50', { top_k: 50 }], ['temperature 1, top_p 0.95', { top_p: 0.95 }]] as const) {
       const body = bodyFor(cut);

@@ -88,13 +88,18 @@ const HEAVY_FLOATS = 4 * 2 ** 20;
 const MERGE_FROM_POSITIONS = 64;
 
 /** The decode graphs: the whole next-token distribution back, a token drawn in the graph, or the most likely one. */
-type StepKind = 'decode' | 'draw' | 'draw_top' | 'greedy';
+type StepKind = 'decode' | 'draw' | 'draw_top' | 'draw_nucleus' | 'greedy';
 
-/** A draw among the `topK` most likely tokens, cut again to `topP` of their mass (1: none): drawn in the graph. */
+/**
+ * A draw among the `topK` most likely tokens (0: all), cut again to the `topP` nucleus of their mass (1:
+ * none): drawn in the graph (draw_top with a top-k, draw_nucleus without).
+ */
 export interface TopCut {
   topK: number;
   topP: number;
 }
+
+const cutKind = (cut: TopCut): StepKind => (cut.topK > 0 ? 'draw_top' : 'draw_nucleus');
 
 /** A prompt waiting for its prefill (see startSequence). */
 interface PromptRequest {
@@ -362,8 +367,8 @@ export class ModelEngine {
    * together in one graph run (rows of different lengths, padded and masked).
    */
   startSequence(tokens: number[], adapter: LoraAdapter, invTemperature: number, draws: number[] | null, cut: TopCut | null = null): Promise<SequenceStart> {
-    const kind = draws === null ? 'decode' : draws[0]! < 0 ? 'greedy' : cut ? 'draw_top' : 'draw';
-    return this.prompts.push({ tokens, adapter, invTemperature, kind, draws, cut: kind === 'draw_top' ? cut : null });
+    const kind = draws === null ? 'decode' : draws[0]! < 0 ? 'greedy' : cut ? cutKind(cut) : 'draw';
+    return this.prompts.push({ tokens, adapter, invTemperature, kind, draws, cut: kind === 'draw_top' || kind === 'draw_nucleus' ? cut : null });
   }
 
   /** Prefills prompts of one key, from a turn already taken in the queue: short ones in one graph run, long ones in blocks. */
@@ -384,8 +389,8 @@ export class ModelEngine {
     let state: DecodeState | null = null;
     for (const [start, end] of blocks.slice(0, -1)) {
       const feeds = promptFeeds(this.dims, [p.tokens.slice(start, end)], [p.invTemperature], state);
-      if (p.kind === 'draw' || p.kind === 'draw_top') feeds.u = feed('float32', new Float32Array(p.draws!.length).fill(0.5), [1, p.draws!.length]);
-      if (p.kind === 'draw_top') Object.assign(feeds, cutFeeds(p.cut!.topK, [p.cut!.topP]));
+      if (p.kind === 'draw' || p.cut) feeds.u = feed('float32', new Float32Array(p.draws!.length).fill(0.5), [1, p.draws!.length]);
+      if (p.cut) Object.assign(feeds, cutFeeds(p.cut, [p.cut.topP]));
       const result = await this.runNow(p.kind, feeds, this.presents, p.adapter);
       state = { past: this.presents.map((n) => result[n]!), batch: 1, length: end };
     }
@@ -399,8 +404,9 @@ export class ModelEngine {
     const P = state?.length ?? 0;
     const feeds = promptFeeds(this.dims, batch.map((p) => p.tokens), batch.map((p) => p.invTemperature), state);
     const N = Math.max(...batch.map((p) => p.draws?.length ?? 0));
-    if (kind === 'draw' || kind === 'draw_top') feeds.u = feed('float32', Float32Array.from({ length: B * N }, (_, i) => batch[Math.floor(i / N)]!.draws![i % N] ?? 0.5), [B, N]);
-    if (kind === 'draw_top') Object.assign(feeds, cutFeeds(batch[0]!.cut!.topK, batch.map((p) => p.cut!.topP)));
+    const cut = batch[0]!.cut;
+    if (kind === 'draw' || cut) feeds.u = feed('float32', Float32Array.from({ length: B * N }, (_, i) => batch[Math.floor(i / N)]!.draws![i % N] ?? 0.5), [B, N]);
+    if (cut) Object.assign(feeds, cutFeeds(cut, batch.map((p) => p.cut!.topP)));
     const outputs = kind === 'decode' ? ['logprobs', 'probs'] : ['token', 'token_logprob'];
     const result = await this.runNow(kind, feeds, [...outputs, ...this.presents], adapter);
     const T = feeds.tokens!.dims[1]!;
@@ -443,8 +449,9 @@ export class ModelEngine {
     const { vocab } = this.dims;
     const feeds = stepFeeds(this.dims, rows, batch.flatMap((r) => r.rows.map(() => r.invTemperature)));
     const kind = stepKind(batch[0]!);
-    if (kind === 'draw' || kind === 'draw_top') feeds.u = feed('float32', Float32Array.from(rows, (r) => r.draw!), [B, 1]);
-    if (kind === 'draw_top') Object.assign(feeds, cutFeeds(batch[0]!.cut!.topK, batch.flatMap((r) => r.rows.map(() => r.cut!.topP))));
+    const cut = batch[0]!.cut;
+    if (kind === 'draw' || cut) feeds.u = feed('float32', Float32Array.from(rows, (r) => r.draw!), [B, 1]);
+    if (cut) Object.assign(feeds, cutFeeds(cut, batch.flatMap((r) => r.rows.map(() => r.cut!.topP))));
     const drawn = kind !== 'decode';
     const result = await this.run(kind, feeds, [...(drawn ? ['token', 'token_logprob'] : ['logprobs', 'probs']), ...this.presents], batch[0]!.adapter);
     const caches = grownCaches(this.dims, this.presents.map((n) => result[n]!), rows);
@@ -511,10 +518,11 @@ function batchKey(adapter: LoraAdapter, kind: GraphKind, cut: TopCut | null): st
 /** Which decode graph serves a row: every row of one graph run shares it. */
 function stepKind(r: RowsRequest): StepKind {
   const draw = r.rows[0]!.draw;
-  return draw === undefined ? 'decode' : draw < 0 ? 'greedy' : r.cut ? 'draw_top' : 'draw';
+  return draw === undefined ? 'decode' : draw < 0 ? 'greedy' : r.cut ? cutKind(r.cut) : 'draw';
 }
 
-/** The inputs of a top-k draw: k, and each row's top_p. */
-function cutFeeds(k: number, topP: number[]): Record<string, Feed> {
-  return { k: feed('int64', BigInt64Array.from([BigInt(k)]), [1]), top_p: feed('float32', Float32Array.from(topP), [topP.length, 1]) };
+/** The inputs of a cut draw: each row's top_p, and k for a top-k one (one k per graph run). */
+function cutFeeds(cut: TopCut, topP: number[]): Record<string, Feed> {
+  const rows = { top_p: feed('float32', Float32Array.from(topP), [topP.length, 1]) };
+  return cut.topK > 0 ? { ...rows, k: feed('int64', BigInt64Array.from([BigInt(cut.topK)]), [1]) } : rows;
 }

@@ -43,24 +43,22 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
 
   // The graph applies the temperature (greedy: none).
   const invT = params.temperature === 0 ? 1 : 1 / params.temperature;
-  // The graph draws the tokens itself where it can (greedy, or no top-p or top-k cut): only the tokens cross
-  // back, not two vocabulary-sized arrays per row. Their uniform numbers come from the same generator, taken
-  // in the same order as chooseToken takes them, so a seed still fixes the tokens.
-  // A top-k cut (with or without top-p) is drawn in the graph too, among its sorted candidates; a top-p cut
-  // alone needs the whole distribution (the nucleus of an untrained model holds most of the vocabulary).
+  // The graph draws every token itself: greedy, by the inverse CDF (no cut), among the sorted top-k candidates
+  // (draw_top), or from the nucleus found by bucketing the probabilities (draw_nucleus). Only the tokens cross
+  // back, not two vocabulary-sized arrays per row. Their uniform numbers come from the request's generator,
+  // one per token as chooseToken (the same draws in JavaScript, by definition) takes them: a seed fixes the tokens.
   const topK = params.top_k > 0 && params.top_k < engine.dims.vocab;
-  const cut = params.temperature !== 0 && topK ? { topK: params.top_k, topP: Math.min(params.top_p, 1) } : null;
-  const drawInGraph = params.temperature === 0 || cut !== null || params.top_p >= 1;
+  const cut = params.temperature !== 0 && (topK || params.top_p < 1) ? { topK: topK ? params.top_k : 0, topP: Math.min(params.top_p, 1) } : null;
   const nextDraw = () => (params.temperature === 0 ? -1 : rng.next());
-  const first = await engine.startSequence(prompt, adapter, invT, drawInGraph ? seqs.map(nextDraw) : null, cut);
+  const first = await engine.startSequence(prompt, adapter, invT, seqs.map(nextDraw), cut);
   // Every sample starts from the prompt's cache; unfinished rows then step together, batched with other requests'.
   const close = engine.openStream();
   try {
-  let rows: { i: number; step: RowStep }[] = seqs.map((_, i) => ({ i, step: first.drawn ? { drawn: first.drawn[i], cache: first.cache } : { logprobs: first.logprobs, probs: first.probs, cache: first.cache } }));
+  let rows: { i: number; step: RowStep }[] = seqs.map((_, i) => ({ i, step: { drawn: first.drawn![i], cache: first.cache } }));
   for (let step = 0; step < params.max_tokens && rows.length; step++) {
     const next: { i: number; token: number; cache: RowCache }[] = [];
     for (const { i, step: out } of rows) {
-      const [token, logprob] = out.drawn ? [out.drawn.token, out.drawn.logprob] : chooseToken(out.logprobs!, out.probs!, params, rng);
+      const { token, logprob } = out.drawn!;
       const seq = seqs[i]!;
       seq.tokens.push(token);
       seq.logprobs.push(logprob);
@@ -71,7 +69,7 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
       }
     }
     if (step === params.max_tokens - 1 || !next.length) break;
-    const stepped = await engine.decodeRows(next.map((r) => ({ token: r.token, cache: r.cache, ...(drawInGraph ? { draw: nextDraw() } : {}) })), adapter, invT, cut);
+    const stepped = await engine.decodeRows(next.map((r) => ({ token: r.token, cache: r.cache, draw: nextDraw() })), adapter, invT, cut);
     rows = next.map((r, k) => ({ i: r.i, step: stepped[k]! }));
   }
   } finally {

@@ -82,10 +82,10 @@ export function baseWeights(modelName: string, dims: ModelDims): BaseWeight[] {
   });
 }
 
-export type GraphKind = 'forward' | 'backward' | 'decode' | 'draw' | 'draw_top' | 'greedy' | 'topk';
+export type GraphKind = 'forward' | 'backward' | 'decode' | 'draw' | 'draw_top' | 'draw_nucleus' | 'greedy' | 'topk';
 
 /** The decode graphs (a KV cache in and out): the whole next-token distribution out, or the next token drawn or chosen inside. */
-export const DECODE_KINDS: readonly GraphKind[] = ['decode', 'draw', 'draw_top', 'greedy'];
+export const DECODE_KINDS: readonly GraphKind[] = ['decode', 'draw', 'draw_top', 'draw_nucleus', 'greedy'];
 
 export interface BuiltGraph {
   onnx: Uint8Array;
@@ -103,6 +103,8 @@ export interface BuiltGraph {
  * - draw: decode, with the next tokens drawn inside the graph (drawTokens);
  * - draw_top: decode, with the next tokens drawn inside the graph among the k most likely, cut again to
  *   each row's top_p of their mass (drawTopTokens);
+ * - draw_nucleus: decode, with the next tokens drawn inside the graph from each row's top_p nucleus
+ *   (drawNucleusTokens);
  * - greedy: decode, with the most likely next token chosen inside the graph;
  * - topk: the forward logprobs, and the k most likely tokens at every position (prompt top-k).
  */
@@ -198,10 +200,11 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
     // With a merged unembedding the caller feeds W + scale·A·B, built once per adapter version (mergeGraph).
     const logits = options.packedUnembedding ? g.matmul(last, g.constF(options.packedUnembedding, [d, dims.vocab]))
       : options.mergedUnembedding ? g.matmul(last, g.input('lm_head_merged', 'float32', [d, dims.vocab])) : proj(last, 'lm_head', W('embed_t'));
-    if (kind === 'draw' || kind === 'draw_top' || kind === 'greedy') {
+    if (kind === 'draw' || kind === 'draw_top' || kind === 'draw_nucleus' || kind === 'greedy') {
       const u = () => g.input('u', 'float32', ['B', 'N']);
       const { token, logprob } = kind === 'draw' ? drawTokens(g, logits, u(), dims.vocab)
         : kind === 'draw_top' ? drawTopTokens(g, logits, u(), g.input('k', 'int64', [1]), g.input('top_p', 'float32', ['B', 1]))
+          : kind === 'draw_nucleus' ? drawNucleusTokens(g, logits, u(), g.input('top_p', 'float32', ['B', 1]), dims.vocab)
           : mostLikely(g, logits);
       g.output(token, 'token');
       g.output(logprob, 'token_logprob');
@@ -256,8 +259,14 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
  * then within that block.
  */
 function drawTokens(g: GraphBuilder, logits: Sym, u: Sym, vocab: number): { token: Sym; logprob: Sym } {
-  const { size: S, count: G } = drawBlocks(vocab);
   const probs = g.softmax(logits);
+  const token = inverseCdf(g, probs, u, vocab);
+  return { token, logprob: g.log(g.gatherElements(probs, token, 1)) };
+}
+
+/** The token ([B, N]) at each u·mass of `probs` ([B, vocab], unnormalised), the running sum taken in two levels. */
+function inverseCdf(g: GraphBuilder, probs: Sym, u: Sym, vocab: number): Sym {
+  const { size: S, count: G } = drawBlocks(vocab);
   const flat = G * S > vocab ? g.padEnd(probs, [0, G * S - vocab], ['B', G * S]) : probs;
   const blocks = g.reshape(flat, [0, G, S], ['B', G, S]);
   const blockMass = g.reduceSum(blocks, [2], false);
@@ -273,8 +282,50 @@ function drawTokens(g: GraphBuilder, logits: Sym, u: Sym, vocab: number): { toke
   const before = g.sub(g.gatherElements(blockCum, block, 1), g.gatherElements(blockMass, block, 1));
   const inBlock = g.cumsum(g.gatherRows(blocks, g.unsqueeze(block, [2])), 2);
   const offset = firstPast(inBlock, g.unsqueeze(g.sub(target, before), [2]), S);
-  const token = g.add(g.mul(block, g.constI([S])), offset);
-  return { token, logprob: g.log(g.gatherElements(probs, token, 1)) };
+  return g.add(g.mul(block, g.constI([S])), offset);
+}
+
+/**
+ * Buckets of the nucleus's cut: 1/128 of an octave each, down to 2^-128 (float32's smallest normal), so the
+ * one bucket sorted holds a few hundred tokens even for an untrained model's near-uniform distribution.
+ */
+const NUCLEUS_BUCKETS = 16384;
+
+/**
+ * Draws N tokens per row from its nucleus: the fewest most likely tokens (the lower id first on ties) whose
+ * mass reaches `topP` ([B, 1]) of the whole. No sort of the vocabulary: the probabilities are bucketed by
+ * their logarithm (order-preserving), whole buckets are taken from the top while their mass stays short,
+ * and only the bucket where it crosses `topP` is sorted (TopK, ties in id order) to find how many of its
+ * tokens are in. An untrained model's nucleus at 0.95 holds most of the vocabulary, so a top-k first
+ * cannot do. The draw itself is the inverse CDF of the kept probabilities in id order, as the sampler's
+ * own; the logprob is under the whole distribution.
+ */
+function drawNucleusTokens(g: GraphBuilder, logits: Sym, u: Sym, topP: Sym, vocab: number): { token: Sym; logprob: Sym } {
+  const NB = NUCLEUS_BUCKETS;
+  const logp = g.logSoftmax(logits);
+  const probs = g.exp(logp);
+  const bucket = g.cast(g.max(g.floor(g.add(g.mul(logp, g.scalar(NUCLEUS_BUCKETS / 128 / Math.LN2)), g.scalar(NB - 1))), g.scalar(0)), 'int64');
+  const zeros = g.mul(g.gather(probs, g.constI([0]), 1), g.constF(new Float32Array(NB), [1, NB]));
+  const mass = g.scatterElements(zeros, bucket, probs, 1, 'add');
+  const target = g.mul(topP, g.reduceSum(mass, [1], true));
+  // The crossing bucket: the highest whose mass with all above it reaches the target.
+  const fromTop = g.cumsum(mass, 1, true);
+  const reaching = g.reduceSum(g.cast(g.lessOrEqual(target, fromTop), 'int64'), [1], true);
+  const crossing = g.max(g.sub(reaching, g.constI([1], [])), g.constI([0], []));
+  const above = g.sub(g.gatherElements(fromTop, crossing, 1), g.gatherElements(mass, crossing, 1));
+  const inEdge = g.equal(bucket, crossing);
+  // The crossing bucket's tokens, most likely first (others below any probability), as many as the fullest row holds.
+  const count = g.reduceSum(g.cast(inEdge, 'float32'), [1], true);
+  const k = g.reshape(g.cast(g.reduceMax(count, [0, 1]), 'int64'), [1], [1]);
+  const [values, ids] = g.topk(g.where(inEdge, probs, g.scalar(-1)), k);
+  const real = g.lessOrEqual(g.scalar(0), values);
+  const edgeProbs = g.where(real, values, g.scalar(0));
+  const before = g.sub(g.add(above, g.cumsum(edgeProbs, 1)), edgeProbs);
+  const taken = g.cast(g.and(real, g.less(before, target)), 'float32');
+  const edgeKept = g.scatterElements(g.mul(probs, g.scalar(0)), ids, taken, 1);
+  const kept = g.where(g.greater(bucket, crossing), probs, g.mul(probs, edgeKept));
+  const token = inverseCdf(g, kept, u, vocab);
+  return { token, logprob: g.gatherElements(logp, token, 1) };
 }
 
 /**

@@ -152,8 +152,14 @@ export class GraphBuilder {
     return this.node('ReduceMean', [x], reduced(x.shape, axes, true), x.dtype, { axes, keepdims: 1 });
   }
 
-  /** Running sum along `axis` (inclusive). */
-  cumsum(x: Sym, axis: number): Sym { return this.node('CumSum', [x, this.constI([axis], [])], x.shape); }
+  /** Running sum along `axis` (inclusive); `reverse`: from the end. */
+  cumsum(x: Sym, axis: number, reverse = false): Sym { return this.node('CumSum', [x, this.constI([axis], [])], x.shape, x.dtype, reverse ? { reverse: 1 } : {}); }
+  floor(x: Sym): Sym { return this.node('Floor', [x], x.shape); }
+  max(a: Sym, b: Sym): Sym { return this.node('Max', [a, b], broadcast(a.shape, b.shape)); }
+  equal(a: Sym, b: Sym): Sym { return this.node('Equal', [a, b], broadcast(a.shape, b.shape), 'bool'); }
+  greater(a: Sym, b: Sym): Sym { return this.node('Greater', [a, b], broadcast(a.shape, b.shape), 'bool'); }
+  /** The largest value over `axes`, those axes dropped. */
+  reduceMax(x: Sym, axes: number[]): Sym { return this.node('ReduceMax', [x], reduced(x.shape, axes, false), x.dtype, { axes, keepdims: 0 }); }
   /** Index of the first largest value along `axis`, kept as a size-1 axis. */
   argmax(x: Sym, axis: number): Sym { return this.node('ArgMax', [x], reduced(x.shape, [axis], true), 'int64', { axis, keepdims: 1 }); }
   and(a: Sym, b: Sym): Sym { return this.node('And', [a, b], broadcast(a.shape, b.shape), 'bool'); }

@@ -127,53 +127,59 @@ describe('sampling', () => {
     }
   });
 
-  it('draws among the top k inside the graph, cut again to each row\'s top_p, by the inverse CDF of the candidates sorted', async () => {
-    const prime = new ModelEngine('draw-top-check', 1009, { dims: { dModel: 16, heads: 2, ffn: 16, layers: 1 }, thread: 'inline' });
+  it('draws in the graph with a top-k or top-p cut: only kept candidates, at the inverse CDF of the definition', async () => {
+    const prime = new ModelEngine('draw-cut-check', 1009, { dims: { dModel: 16, heads: 2, ffn: 16, layers: 1 }, thread: 'inline' });
     try {
       for (const [e, adapter] of [[engine, perturbedTrainer(4).adapter], [prime, freshAdapter(prime.sites, 4, 8, 2)]] as const) {
         const p = [5, 17, 300, 2];
-        const invT = 1 / 0.7;
-        const { probs, logprobs } = await e.decode([p], adapter, null, invT);
-        // The candidates by definition: by probability, the lower id first on ties; the first k; then the
-        // fewest of them whose mass reaches top_p of theirs.
-        const order = Array.from(probs.keys()).sort((a, b) => probs[b]! - probs[a]! || a - b);
-        const us = Array.from({ length: 40 }, (_, i) => (i + 0.5) / 40);
-        for (const [k, topP] of [[50, 1], [50, 0.5], [7, 0.9], [200, 0.3]] as const) {
-          const candidates = order.slice(0, k);
-          const total = candidates.reduce((sum, v) => sum + probs[v]!, 0);
-          const kept: number[] = [];
-          let mass = 0;
-          for (const v of candidates) {
-            kept.push(v);
-            if ((mass += probs[v]!) >= topP * total) break;
-          }
-          // The shared engine's distribution is near-uniform (an untrained 151,669-token model): there, where the
-          // cut falls between probabilities equal to float32 rounding, only membership is checked, to that rounding.
-          // The small engine's draws are checked exactly, position in the running sum included.
-          const exact = e === prime;
-          const edge = probs[kept.at(-1)!]!;
-          const check = (token: number, logprob: number, u: number) => {
-            const at = kept.indexOf(token);
-            if (!exact) {
-              expect(probs[token]!, `token ${token} is below the kept candidates (k ${k}, top_p ${topP})`).toBeGreaterThanOrEqual(edge * (1 - 1e-5));
-            } else {
-              expect(at, `token ${token} is not among the kept candidates (k ${k}, top_p ${topP})`).toBeGreaterThanOrEqual(0);
-              const before = kept.slice(0, at).reduce((sum, v) => sum + probs[v]!, 0);
-              expect(before - 1e-5).toBeLessThanOrEqual(u * mass);
-              expect(before + probs[token]! + 1e-5).toBeGreaterThanOrEqual(u * mass);
+        // Temperature 50 too: the probabilities then lie within a few of the nucleus's 1/128-octave buckets, so the
+        // crossing bucket, the one sorted to find how many of its tokens are in, holds hundreds of them.
+        for (const invT of [1 / 0.7, 1 / 50]) {
+          const { probs, logprobs } = await e.decode([p], adapter, null, invT);
+          // By definition: tokens by probability, the lower id first on ties; the first k (top_k 0: all); then the
+          // fewest of those whose mass reaches top_p of theirs. A top-k draw runs over them sorted, a nucleus in id order.
+          const order = Array.from(probs.keys()).sort((a, b) => probs[b]! - probs[a]! || a - b);
+          const us = Array.from({ length: 40 }, (_, i) => (i + 0.5) / 40);
+          for (const cut of [{ topK: 50, topP: 1 }, { topK: 50, topP: 0.5 }, { topK: 7, topP: 0.9 }, { topK: 200, topP: 0.3 }, { topK: 0, topP: 0.95 }, { topK: 0, topP: 0.5 }, { topK: 0, topP: 0.1 }]) {
+            const candidates = cut.topK ? order.slice(0, cut.topK) : order;
+            const total = candidates.reduce((sum, v) => sum + probs[v]!, 0);
+            const kept: number[] = [];
+            let mass = 0;
+            for (const v of candidates) {
+              kept.push(v);
+              if ((mass += probs[v]!) >= cut.topP * total) break;
             }
-            expect(Math.abs(logprob - logprobs[token]!)).toBeLessThan(1e-5);
-          };
-          const drawn = (await e.startSequence(p, adapter, invT, us, { topK: k, topP })).drawn!;
-          drawn.forEach(({ token, logprob }, i) => check(token, logprob, us[i]!));
-          // A decode step of rows from two requests with the same k, each with its own top_p, in one run.
-          const start = await e.startSequence(p.slice(0, 3), adapter, invT, [0.5], { topK: k, topP });
-          const [mine, other] = await Promise.all([
-            e.decodeRows(us.slice(0, 8).map((u) => ({ token: 2, cache: start.cache, draw: u })), adapter, invT, { topK: k, topP }),
-            e.decodeRows([{ token: 2, cache: start.cache, draw: 0.99 }], adapter, invT, { topK: k, topP: 1 }),
-          ]);
-          mine.forEach((step, i) => check(step.drawn!.token, step.drawn!.logprob, us[i]!));
-          expect(probs[other[0]!.drawn!.token]!).toBeGreaterThanOrEqual(probs[candidates.at(-1)!]! * (1 - 1e-5));
+            const drawOrder = cut.topK ? kept : [...kept].sort((a, b) => a - b);
+            // The shared engine's distribution is near-uniform (an untrained 151,669-token model): where the cut falls
+            // between probabilities equal to float32 rounding, only membership is checked, to that rounding. The small
+            // engine's draws are checked exactly, their place in the running sum included.
+            const exact = e === prime;
+            const edge = probs[kept.at(-1)!]!;
+            const check = (token: number, logprob: number, u: number) => {
+              const label = `token ${token} (top_k ${cut.topK}, top_p ${cut.topP})`;
+              if (!exact) {
+                expect(probs[token]!, `${label} is below the kept candidates`).toBeGreaterThanOrEqual(edge * (1 - 1e-5));
+              } else {
+                const at = drawOrder.indexOf(token);
+                expect(at, `${label} is not among the kept candidates`).toBeGreaterThanOrEqual(0);
+                const before = drawOrder.slice(0, at).reduce((sum, v) => sum + probs[v]!, 0);
+                expect(before - 1e-5).toBeLessThanOrEqual(u * mass);
+                expect(before + probs[token]! + 1e-5).toBeGreaterThanOrEqual(u * mass);
+              }
+              expect(Math.abs(logprob - logprobs[token]!)).toBeLessThan(1e-5);
+            };
+            const drawn = (await e.startSequence(p, adapter, invT, us, cut)).drawn!;
+            drawn.forEach(({ token, logprob }, i) => check(token, logprob, us[i]!));
+            if (exact) expect(new Set(drawn.map((d) => d.token)).size).toBeGreaterThan(Math.min(kept.length, 40) * 0.3);
+            // A decode step of rows from two requests with the same kind (and k), each with its own top_p, in one run.
+            const start = await e.startSequence(p.slice(0, 3), adapter, invT, [0.5], cut);
+            const [mine, other] = await Promise.all([
+              e.decodeRows(us.slice(0, 8).map((u) => ({ token: 2, cache: start.cache, draw: u })), adapter, invT, cut),
+              e.decodeRows([{ token: 2, cache: start.cache, draw: 0.99 }], adapter, invT, { ...cut, topP: 0.999 }),
+            ]);
+            mine.forEach((step, i) => check(step.drawn!.token, step.drawn!.logprob, us[i]!));
+            expect(probs[other[0]!.drawn!.token]!).toBeGreaterThanOrEqual(probs[candidates.at(-1)!]! * (1 - 1e-5));
+          }
         }
       }
     } finally {
