@@ -84,6 +84,8 @@ const LOGIT_FLOATS_PER_RUN = 512 * 151_669;
  * 4M floats is 16 MB, about 28 scored rows at Qwen's vocabulary. The guide's campaign runs stay below it.
  */
 const HEAVY_FLOATS = 4 * 2 ** 20;
+/** Keys and values a run reads above this many floats (1 MB, ~1,000 positions): a long sequence's (see heavy). */
+const LONG_CACHE_FLOATS = 256 * 1024;
 /** From this many scored positions in one run on, the merged unembedding is cheaper (about the model width). */
 const MERGE_FROM_POSITIONS = 64;
 
@@ -475,12 +477,16 @@ export class ModelEngine {
     return this.inTurn(() => this.runNow(kind, feeds, outputs, adapter, merged));
   }
 
-  /** Whether a run's largest tensors are far above a usual one's (see HEAVY_FLOATS): it runs on a session released after use. */
+  /**
+   * Whether a run's largest tensors are far above a usual one's (see HEAVY_FLOATS), or it decodes after long
+   * caches (its arena would keep their size for good): it runs on a session released after use.
+   */
   private heavy(feeds: Record<string, Feed>): boolean {
     const [B = 1, S = 0] = feeds.targets?.dims ?? [];
     const bias = feeds.attn_bias?.dims ?? [];
     const attention = this.dims.heads * (bias[0] ?? 0) * (bias[2] ?? 0) * (bias[3] ?? 0);
-    return B * S * this.dims.vocab > HEAVY_FLOATS || attention > HEAVY_FLOATS;
+    const cached = (feeds['past_k.0']?.data.length ?? 0) * 2 * this.dims.layers;
+    return B * S * this.dims.vocab > HEAVY_FLOATS || attention > HEAVY_FLOATS || cached > LONG_CACHE_FLOATS;
   }
 
   /** Runs `fn` after everything queued before it, whether that failed or not. */
@@ -499,14 +505,21 @@ export class ModelEngine {
       this.ranKinds.add(kind);
       this.onGraphBuild?.({ model: this.modelName, kind, phase: 'start' });
     }
-    const result = await this.runner.run({ kind, merged, heavy: this.heavy(feeds), feeds, outputs, adapter: { id: adapter.id, version: adapter.version, feeds: loraFeeds(this.sites, adapter) } });
+    const heavy = this.heavy(feeds);
+    const result = await this.runner.run({ kind, merged, heavy, feeds, outputs, adapter: { id: adapter.id, version: adapter.version, feeds: loraFeeds(this.sites, adapter) } });
     if (first) this.onGraphBuild?.({ model: this.modelName, kind, phase: 'done', ms: performance.now() - started });
+    if (heavy) this.onLongSequence?.();
     return Object.fromEntries(outputs.map((n) => [n, result[n]!.data as Float32Array]));
   }
 
   private readonly ranKinds = new Set<GraphKind>();
   /** Told when a graph kind is first built and run on this engine (EnginePool.onGraphBuild). */
   onGraphBuild?: (event: GraphBuildEvent) => void;
+  /**
+   * Told after each heavy run (a block of a long sequence, or a decode step after long caches, each step
+   * copying them): megabytes of its buffers are garbage soon after (EnginePool.onLongSequence).
+   */
+  onLongSequence?: () => void;
 }
 
 /** Requests that may share one graph run: the same adapter version and the same decode graph. */

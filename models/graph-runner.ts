@@ -30,6 +30,15 @@ const MERGED_CACHE_SIZE = 3;
  */
 const HEAVY_IDLE_MS = 250;
 
+/** Feeds above this many bytes in one run (1 MB) make it a long sequence's (see collectSoon). */
+const LONG_FEED_BYTES = 2 ** 20;
+
+function feedBytes(feeds: Record<string, Feed>): number {
+  let n = 0;
+  for (const f of Object.values(feeds)) n += f.data.byteLength;
+  return n;
+}
+
 export { DeviceUnavailableError } from './device-error.js';
 export type { Feed, RunnerConfig, RunRequest } from './runner-protocol.js';
 
@@ -71,6 +80,7 @@ export class GraphRunner {
     } finally {
       if (req.heavy && --this.heavyRuns === 0) this.releaseHeavySoon();
     }
+    if (req.heavy || feedBytes(req.feeds) > LONG_FEED_BYTES) this.collectSoon();
     return Object.fromEntries(req.outputs.map((n) => {
       const t = result[n]!;
       return [n, { type: t.type as Feed['type'], data: t.data as Float32Array | BigInt64Array, dims: [...t.dims] }];
@@ -173,6 +183,24 @@ export class GraphRunner {
 
   async warm(kind: GraphKind): Promise<void> {
     await this.session(kind, false, false);
+  }
+
+  private collectTimer: ReturnType<typeof setTimeout> | null = null;
+
+  /**
+   * A long sequence's feeds and results (a block of one, or a decode step's copy of long caches: megabytes a
+   * step) are garbage soon after. Where the runtime exposes gc (the loops-mock command does, see
+   * server/cli.ts), this thread collects shortly after, rather than at some later collection: an idle
+   * engine may not run one for minutes.
+   */
+  private collectSoon(): void {
+    const gc = (globalThis as { gc?: () => void }).gc;
+    if (!gc || this.collectTimer) return;
+    this.collectTimer = setTimeout(() => {
+      this.collectTimer = null;
+      gc();
+    }, HEAVY_IDLE_MS + 50);
+    this.collectTimer.unref?.();
   }
 
   /** Heavy runs in progress; heavy sessions are released only once none is. */

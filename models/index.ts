@@ -20,6 +20,7 @@ export { baseWeights as baseWeightsFor, loraSites, DEFAULT_DIMS, DEFAULT_UNEMBED
 export class EnginePool {
   private readonly engines = new Map<string, ModelEngine>();
   private readonly graphListeners: ((event: GraphBuildEvent) => void)[] = [];
+  private readonly longListeners: (() => void)[] = [];
 
   constructor(readonly tokenizers: Tokenizers = new Tokenizers(), private readonly options: EngineOptions = {}) {}
 
@@ -54,6 +55,15 @@ export class EnginePool {
     };
   }
 
+  /** Told after any engine's work on a long sequence (ModelEngine.onLongSequence); returns how to stop being told. */
+  onLongSequence(listener: () => void): () => void {
+    this.longListeners.push(listener);
+    return () => {
+      const at = this.longListeners.indexOf(listener);
+      if (at >= 0) this.longListeners.splice(at, 1);
+    };
+  }
+
   /** Stops every engine's worker thread. */
   async close(): Promise<void> {
     await Promise.all([...this.engines.values()].map((e) => e.close()));
@@ -65,6 +75,7 @@ export class EnginePool {
     if (!engine) {
       engine = new ModelEngine(model, this.vocabSize(model), this.options);
       engine.onGraphBuild = (event) => { for (const l of this.graphListeners) l(event); };
+      engine.onLongSequence = () => { for (const l of this.longListeners) l(); };
       this.engines.set(model, engine);
     }
     return engine;

@@ -131,7 +131,10 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
     journalDetail: options.journalDetail,
     faultSeed: options.faultSeed,
   });
-  core.fleet.onRunStopped(collectorAfterReleases());
+  // Deactivated runs and long sequences leave megabytes of garbage: collected soon after (memory-return.ts).
+  const collect = collectorAfterReleases();
+  core.fleet.onRunStopped(collect);
+  const unlistenLong = engines.onLongSequence(collect);
   if (scenario) {
     const startup = scenario;
     applyScenario(core, startup);
@@ -185,6 +188,7 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
       proxy?.close();
       await app.close();
       await warming;
+      unlistenLong();
       await core.drain();
       core.close();
       if (!overrides.engines) await engines.close();

@@ -1,9 +1,10 @@
 /**
  * A deactivated run leaves megabytes of buffers (its adapter, gradients and
- * optimizer state) to V8's next collection, which an idle server may not run
- * for minutes: its memory stays resident until then. Where the process was
- * started with --expose-gc (the loops-mock command is, see server/cli.ts),
- * one collection runs shortly after a burst of such releases.
+ * optimizer state), and a long sequence its blocks' feeds and results, to
+ * V8's next collection, which an idle server may not run for minutes: their
+ * memory stays resident until then. Where the process was started with
+ * --expose-gc (the loops-mock command is, see server/cli.ts), one collection
+ * runs shortly after a burst of such releases.
  */
 export function collectorAfterReleases(delayMs = 200): () => void {
   const gc = (globalThis as { gc?: () => void }).gc;

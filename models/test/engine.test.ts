@@ -187,6 +187,29 @@ describe('sampling', () => {
     }
   });
 
+  it('decodes after long caches on sessions released after use, and says so to the pool (memory goes back)', async () => {
+    const pool = new EnginePool();
+    const e = pool.get('Qwen/Qwen3-0.6B');
+    try {
+      const told = vi.fn();
+      pool.onLongSequence(told);
+      const runs = vi.spyOn((e as unknown as { runner: { run: (r: { kind: string; heavy?: boolean }) => unknown } }).runner, 'run');
+      const adapter = freshAdapter(e.sites, 4, 8, 1);
+      const short = await e.startSequence([1, 2, 3], adapter, 1, [0.5]);
+      await e.decodeRows([{ token: 4, cache: short.cache, draw: 0.5 }], adapter, 1);
+      expect(runs.mock.calls.map(([r]) => r.heavy)).toEqual([false, false]);
+      expect(told).not.toHaveBeenCalled();
+      runs.mockClear();
+      // 1,100 cached positions: 1,100 × 2 layers × keys and values × 64 floats, above 1 MB.
+      const long = await e.startSequence(Array.from({ length: 1100 }, (_, i) => 1 + (i % 500)), adapter, 1, [0.5]);
+      await e.decodeRows([{ token: 4, cache: long.cache, draw: 0.5 }], adapter, 1);
+      expect(runs.mock.calls.at(-1)![0].heavy).toBe(true);
+      expect(told).toHaveBeenCalled();
+    } finally {
+      await pool.close();
+    }
+  });
+
   it('prefills prompts of different lengths that arrive together in one graph run, as if each ran alone', async () => {
     const adapter = perturbedTrainer(6).adapter;
     const prompts = [[5, 17, 300, 2], [9, 8, 7, 6, 5, 4, 3, 2, 1], [1000, 2000, 3000, 4000, 5000, 6000]];
