@@ -1,8 +1,9 @@
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Static } from 'typebox';
-import { isMap, isScalar, LineCounter, parseDocument, type Document } from 'yaml';
+import type * as Yaml from 'yaml';
 import type { LoopsCore } from '../core/core.js';
 import { invalid, LoopsError, notFound } from '../core/errors.js';
 import { Faults, type FaultRuleInput } from '../core/faults.js';
@@ -10,6 +11,11 @@ import { Progress, type ProgressRuleInput } from '../core/progress.js';
 import { applySettings, DEFAULT_SETTINGS } from '../core/settings.js';
 import { describeValidationErrors, validatorCompiler } from '../http/validation.js';
 import { Scenario } from './schemas.js';
+
+const require = createRequire(import.meta.url);
+// yaml takes ~25 ms to load: a start without --scenario does not wait for it.
+let yamlModule: typeof Yaml | undefined;
+const yaml = (): typeof Yaml => (yamlModule ??= require('yaml') as typeof Yaml);
 
 export type ScenarioSpec = Static<typeof Scenario>;
 
@@ -53,6 +59,7 @@ const validate = validatorCompiler({ schema: Scenario, httpPart: 'body', method:
  * against the schema. Every error names the field and the line it is on.
  */
 export function parseScenario(text: string, source = 'scenario'): ScenarioSpec {
+  const { LineCounter, parseDocument } = yaml();
   const lines = new LineCounter();
   const doc = parseDocument(text, { lineCounter: lines, prettyErrors: false, uniqueKeys: true });
   const syntax = doc.errors[0];
@@ -82,7 +89,8 @@ export function parseScenario(text: string, source = 'scenario'): ScenarioSpec {
 }
 
 /** The line of the deepest node of `path` that exists (a missing field points at its parent). */
-function lineOf(doc: Document, lines: LineCounter, path: (string | number)[]): number {
+function lineOf(doc: Yaml.Document, lines: Yaml.LineCounter, path: (string | number)[]): number {
+  const { isMap, isScalar } = yaml();
   for (let n = path.length; n >= 0; n--) {
     const parent = n > 0 ? doc.getIn(path.slice(0, n - 1), true) : undefined;
     // For a map key, point at the key itself: that is where the mistake is written.

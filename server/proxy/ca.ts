@@ -1,9 +1,15 @@
 import { generateKeyPairSync, randomBytes } from 'node:crypto';
 import { chmodSync, closeSync, existsSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
 import { createSecureContext, rootCertificates, type SecureContext } from 'node:tls';
-import forge from 'node-forge';
+import type Forge from 'node-forge';
+
+const require = createRequire(import.meta.url);
+// node-forge takes ~25 ms to load: only proxy mode and `loops-mock ca` need it, so a plain start does not wait for it.
+let forgeModule: typeof Forge | undefined;
+const forge = (): typeof Forge => (forgeModule ??= require('node-forge') as typeof Forge);
 
 const CA_CERT = 'ca.pem';
 const CA_KEY = 'ca-key.pem';
@@ -36,17 +42,17 @@ export interface CaFiles {
  */
 export class LocalCa {
   readonly files: CaFiles;
-  private readonly cert: forge.pki.Certificate;
-  private readonly key: forge.pki.rsa.PrivateKey;
+  private readonly cert: Forge.pki.Certificate;
+  private readonly key: Forge.pki.rsa.PrivateKey;
   private readonly certPem: string;
-  private leafKey: { forge: forge.pki.rsa.PrivateKey; pem: string; publicKey: forge.pki.rsa.PublicKey } | null = null;
+  private leafKey: { forge: Forge.pki.rsa.PrivateKey; pem: string; publicKey: Forge.pki.rsa.PublicKey } | null = null;
   private readonly contexts = new Map<string, SecureContext>();
 
   private constructor(files: CaFiles, certPem: string, keyPem: string) {
     this.files = files;
     this.certPem = certPem;
-    this.cert = forge.pki.certificateFromPem(certPem);
-    this.key = forge.pki.privateKeyFromPem(keyPem) as forge.pki.rsa.PrivateKey;
+    this.cert = forge().pki.certificateFromPem(certPem);
+    this.key = forge().pki.privateKeyFromPem(keyPem) as Forge.pki.rsa.PrivateKey;
   }
 
   /** The CA of `dir`: loaded when its files are there, made (and written) when not. */
@@ -97,13 +103,13 @@ export class LocalCa {
   private leafKeyPair() {
     if (!this.leafKey) {
       const { privateKey, publicKey } = generateKeyPairSync('rsa', { modulusLength: 2048, publicKeyEncoding: { type: 'spki', format: 'pem' }, privateKeyEncoding: { type: 'pkcs8', format: 'pem' } });
-      this.leafKey = { pem: privateKey, forge: forge.pki.privateKeyFromPem(privateKey) as forge.pki.rsa.PrivateKey, publicKey: forge.pki.publicKeyFromPem(publicKey) as forge.pki.rsa.PublicKey };
+      this.leafKey = { pem: privateKey, forge: forge().pki.privateKeyFromPem(privateKey) as Forge.pki.rsa.PrivateKey, publicKey: forge().pki.publicKeyFromPem(publicKey) as Forge.pki.rsa.PublicKey };
     }
     return this.leafKey;
   }
 
   private mintLeaf(host: string): string {
-    const cert = forge.pki.createCertificate();
+    const cert = forge().pki.createCertificate();
     cert.publicKey = this.leafKeyPair().publicKey;
     cert.serialNumber = serialNumber();
     // A day back, so a client whose clock runs a little behind still accepts it.
@@ -120,8 +126,8 @@ export class LocalCa {
       { name: 'subjectKeyIdentifier' },
       { name: 'authorityKeyIdentifier', keyIdentifier: this.cert.generateSubjectKeyIdentifier().getBytes() },
     ]);
-    cert.sign(this.key, forge.md.sha256.create());
-    return forge.pki.certificateToPem(cert);
+    cert.sign(this.key, forge().md.sha256.create());
+    return forge().pki.certificateToPem(cert);
   }
 }
 
@@ -165,8 +171,8 @@ function makeCaOnce(dir: string, certFile: string, keyFile: string): void {
 
 function writeNewCa(certFile: string, keyFile: string): void {
   const { privateKey, publicKey } = generateKeyPairSync('rsa', { modulusLength: 2048, publicKeyEncoding: { type: 'spki', format: 'pem' }, privateKeyEncoding: { type: 'pkcs8', format: 'pem' } });
-  const cert = forge.pki.createCertificate();
-  cert.publicKey = forge.pki.publicKeyFromPem(publicKey);
+  const cert = forge().pki.createCertificate();
+  cert.publicKey = forge().pki.publicKeyFromPem(publicKey);
   cert.serialNumber = serialNumber();
   cert.validity.notBefore = new Date(Date.now() - DAY_MS);
   cert.validity.notAfter = new Date(Date.now() + CA_YEARS * 365 * DAY_MS);
@@ -178,10 +184,10 @@ function writeNewCa(certFile: string, keyFile: string): void {
     { name: 'keyUsage', keyCertSign: true, cRLSign: true, critical: true },
     { name: 'subjectKeyIdentifier' },
   ]);
-  cert.sign(forge.pki.privateKeyFromPem(privateKey), forge.md.sha256.create());
+  cert.sign(forge().pki.privateKeyFromPem(privateKey), forge().md.sha256.create());
   // The key first: a certificate is never left without its key.
   writeAtomically(keyFile, privateKey, 0o600);
-  writeAtomically(certFile, forge.pki.certificateToPem(cert), 0o644);
+  writeAtomically(certFile, forge().pki.certificateToPem(cert), 0o644);
 }
 
 /** Written beside, then renamed: two servers starting at once never read half a file. */
