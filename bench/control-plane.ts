@@ -26,6 +26,13 @@ export async function benchControlPlane(root: string): Promise<void> {
       ['GET  /v1/loops/runs (20 runs)', { url: `${base}/v1/loops/runs` }],
       ['GET  /v1/loops/capabilities', { url: `${base}/v1/loops/capabilities` }],
       ['POST /v1/loops/sessions', { url: `${base}/v1/loops/sessions`, method: 'POST', body: '{}' }],
+      ['GET  /v1/loops/sessions/{session_id}', { url: `${base}/v1/loops/sessions/${session}` }],
+      ['GET  /v1/loops/deployments (20)', { url: `${base}/v1/loops/deployments` }],
+      ['GET  /v1/loops/samplers (20)', { url: `${base}/v1/loops/samplers` }],
+      ['GET  /v1/loops/deployments/{id}/logs', { url: `${base}/v1/loops/deployments/${runs[0].deployment_id}/logs` }],
+      ['GET  /v1/loops/checkpoints?run_id', { url: `${base}/v1/loops/checkpoints?run_id=${runs[0].id}` }],
+      ['GET  /v1/teams', { url: `${base}/v1/teams` }],
+      ['GET  /v1/loops/user_config', { url: `${base}/v1/loops/user_config` }],
     ];
     console.log('  route                                  req/s     p50 ms   p99 ms');
     let worstP99 = 0;
