@@ -1,5 +1,6 @@
 import autocannon from 'autocannon';
 import { BENCH_KEY, startServerProcess } from './server-process.js';
+import { figure } from './figures.js';
 
 /** Control-plane figures from a real server process on a real port. */
 const KEY = BENCH_KEY;
@@ -20,6 +21,7 @@ export async function benchControlPlane(root: string): Promise<void> {
     const runs = [];
     for (let i = 0; i < 20; i++) runs.push((await json(`${base}/v1/loops/runs`, 'POST', { session_id: session, base_model: 'Qwen/Qwen3-8B' })).run);
     console.log(`control plane: startup to first 200: ${startupMs.toFixed(0)} ms (target < 500 ms)`);
+    figure('control plane: start to first 200', startupMs, 'ms', { op: '<', value: 500 });
     console.log(`control plane: ${CONNECTIONS} connections, ${DURATION_S} s per route`);
     const routes: [string, autocannon.Options][] = [
       ['GET  /v1/loops/runs/{run_id}', { url: `${base}/v1/loops/runs/${runs[0].id}` }],
@@ -43,6 +45,8 @@ export async function benchControlPlane(root: string): Promise<void> {
       const r = await autocannon({ ...opts, connections: CONNECTIONS, duration: DURATION_S, headers });
       if (r.non2xx || r.errors) throw new Error(`${name}: ${r.non2xx} non-2xx answers, ${r.errors} errors`);
       worstP99 = Math.max(worstP99, r.latency.p99);
+      figure(`control plane: ${name.replace(/\s+/g, ' ')} req/s`, r.requests.average, 'req/s');
+      figure(`control plane: ${name.replace(/\s+/g, ' ')} p99`, r.latency.p99, 'ms', { op: '<', value: 5 });
       console.log(`  ${name.padEnd(36)} ${r.requests.average.toFixed(0).padStart(8)} ${r.latency.p50.toFixed(1).padStart(9)} ${r.latency.p99.toFixed(1).padStart(8)}`);
     }
     console.log(`control plane: worst p99 ${worstP99.toFixed(1)} ms (target < 5 ms)`);

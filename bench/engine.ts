@@ -3,6 +3,7 @@ import * as ort from 'onnxruntime-node';
 import { GraphBuilder } from '../models/graph/builder.js';
 import { ADAM_DEFAULTS, DEFAULT_UNEMBEDDING_RANK, EnginePool, freshAdapter, loraSites, LoraTrainer, parameters, sampleSequences, SAMPLING_DEFAULTS, siteRank, type LoraAdapter, type TrainingDatum } from '../models/index.js';
 import { datum, EVAL_TICKETS, prompt, TICKETS } from '../models/data/support-tickets.js';
+import { figure } from './figures.js';
 
 /** Engine figures: training and sampling throughput, adapter memory, and the matmul ceiling. */
 const MODEL = 'Qwen/Qwen3.5-2B';
@@ -59,6 +60,8 @@ export async function benchEngine(): Promise<void> {
     const flops = 2 * tokens * vocab * 3 * dModel + 2 * Math.ceil(tokens / 512) * 3 * dModel * unembeddingRank * vocab;
     const gflops = flops / (ms / 1000) / 1e9;
     console.log(`  forward_backward, batch 8 x ${length}: ${(tokens / (ms / 1000)).toFixed(0)} tokens/s (${ms.toFixed(0)} ms), ${gflops.toFixed(1)} GFLOP/s`);
+    figure(`engine: forward_backward, batch 8 x ${length}`, tokens / (ms / 1000), 'tokens/s');
+    if (length === 512) figure('engine: training step / matmul ceiling', gflops / ceilingGflops, 'x', { op: '>=', value: 0.5 });
     if (length === 512) console.log(`  matmul ceiling [${positions}x${dModel}]x[${dModel}x${vocab}]: ${ceilingGflops.toFixed(1)} GFLOP/s; training step / ceiling = ${(gflops / ceilingGflops).toFixed(2)} (target >= 0.5)`);
   }
 
@@ -88,6 +91,7 @@ export async function benchEngine(): Promise<void> {
   const rounds: number[] = [];
   for (let i = 0; i < 5; i++) rounds.push((await campaignRound())[1]);
   rounds.sort((a, b) => a - b);
+  figure('engine: campaign round, engine time (median of 5)', rounds[2]!, 'ms', { op: '<', value: 300 });
   console.log(`  campaign round (baseline forward, 2 steps, eval, save, 2 samples of 16 tokens): median ${rounds[2]!.toFixed(0)} ms engine time over 5 rounds (${rounds[0]!.toFixed(0)}-${rounds[4]!.toFixed(0)}; first round ${firstMs.toFixed(0)} ms; target < 300 ms)`);
 
   // Adapter memory: what each adapter holds (weights; a trainer adds gradients and two Adam moments). Each set is
@@ -106,6 +110,7 @@ export async function benchEngine(): Promise<void> {
     const adapterBytes = [...parameters(adapters[0]!).values()].reduce((s, t) => s + t.byteLength, 0);
     const rssAfter = process.memoryUsage().rss;
     const setting = cap === DEFAULT_UNEMBEDDING_RANK ? `unembedding at rank ${Math.min(r, cap)}, the default cap` : `--unembedding-rank ${cap}`;
+    figure(`engine: 20 adapters of rank ${r} (${setting}), resident growth`, (rssAfter - rssBefore) / 2 ** 20, 'MB', cap === DEFAULT_UNEMBEDDING_RANK ? { op: '<', value: 100 } : undefined);
     // Resident growth can be less than the parameters where freed memory is reused: both are printed.
     console.log(`  20 adapters of rank ${r} on one base model (${setting}): ${(adapterBytes / 2 ** 20).toFixed(1)} MB each, 19 more hold ${mb(19 * adapterBytes)} MB; resident memory ${mb(rssBefore)} MB with 1, ${mb(rssAfter)} MB with 20 (+${mb(rssAfter - rssBefore)} MB; target < 100 MB)`);
   }

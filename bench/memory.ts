@@ -1,5 +1,6 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { keepAliveClient, startServerProcess } from './server-process.js';
+import { figure } from './figures.js';
 
 const MB = 1024 * 1024;
 /** Any accepted request: resident memory under this while it runs (issue 14 item 2). */
@@ -72,9 +73,12 @@ export async function benchMemory(root: string): Promise<void> {
       await new Promise((r) => setTimeout(r, 600));
       const after = residentBytes(server.pid);
       const grew = (after - before) / MB;
+      figure(`memory: ${name}, peak`, peak / MB, 'MB', { op: '<', value: PEAK_TARGET_MB });
+      figure(`memory: ${name}, after over before`, grew, 'MB', { op: '<', value: RETURN_TARGET_MB });
       console.log(`  ${name.padEnd(52)} ${ms.toFixed(0).padStart(6)} ms  peak ${(peak / MB).toFixed(0).padStart(5)} MB (target < ${PEAK_TARGET_MB})  after ${grew >= 0 ? '+' : ''}${grew.toFixed(0)} MB (target < ${RETURN_TARGET_MB})`);
     }
     const end = residentBytes(server.pid);
+    figure('memory: after all of them, over the start', (end - start) / MB, 'MB', { op: '<', value: RETURN_TARGET_MB });
     console.log(`  after all of them: ${(end / MB).toFixed(0)} MB, ${end >= start ? '+' : ''}${((end - start) / MB).toFixed(0)} MB over the start (target < ${RETURN_TARGET_MB})`);
   } finally {
     close();

@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Agent, ProxyAgent, request } from 'undici';
 import { BENCH_KEY, startServerProcess } from './server-process.js';
+import { figure } from './figures.js';
 
 /** Proxy mode's cost: a request through the proxy on a kept-alive connection against the same request direct, and a new tunnel's TLS handshake. */
 const REQUESTS = Number(process.env.BENCH_PROXY_REQUESTS ?? 2000);
@@ -51,6 +52,7 @@ export async function benchProxy(root: string): Promise<void> {
     console.log(`  direct         p50 ${d50.toFixed(3)} ms   p99 ${d99.toFixed(3)} ms`);
     console.log(`  through proxy  p50 ${p50.toFixed(3)} ms   p99 ${p99.toFixed(3)} ms`);
     console.log(`proxy: added latency p50 ${(p50 - d50).toFixed(3)} ms (target < 1 ms), p99 ${(p99 - d99).toFixed(3)} ms`);
+    figure('proxy: added latency p50', p50 - d50, 'ms', { op: '<', value: 1 });
     // A new tunnel each time: CONNECT, TLS handshake under the cached leaf, one request.
     const handshakes: number[] = [];
     for (let i = 0; i < HANDSHAKES; i++) {

@@ -1,4 +1,5 @@
 import { keepAliveClient, startServerProcess } from './server-process.js';
+import { figure } from './figures.js';
 
 /** Sampler-plane figures over HTTP from a real server process: throughput with 1 and 8 clients, latency of a 16-token sample. */
 const MODEL = 'Qwen/Qwen3.5-2B';
@@ -50,6 +51,9 @@ export async function benchSampler(root: string): Promise<void> {
       const one = await measure(1, body);
       const eight = await measure(8, body);
       if (noCut) plain = one.rate;
+      figure(`sampler: ${label}, 1 client`, one.rate, 'tokens/s');
+      figure(`sampler: ${label}, 8 clients / 1 client`, eight.rate / one.rate, 'x', { op: '>=', value: 3 });
+      if (!noCut) figure(`sampler: ${label}, 1 client / the no-cut path`, one.rate / plain, 'x', { op: '>=', value: 0.8 });
       const versus = noCut ? '' : ` (${(one.rate / plain).toFixed(2)}x the no-cut path; target >= 0.8x)`;
       console.log(`sampler: 16-token samples (${label}), 1 client: ${one.rate.toFixed(0)} tokens/s${versus}, latency p50 ${one.p50.toFixed(0)} ms, p99 ${one.p99.toFixed(0)} ms`);
       console.log(`sampler: 16-token samples (${label}), 8 concurrent clients: ${eight.rate.toFixed(0)} tokens/s (${(eight.rate / one.rate).toFixed(1)}x one client; target >= 3x), latency p50 ${eight.p50.toFixed(0)} ms, p99 ${eight.p99.toFixed(0)} ms`);

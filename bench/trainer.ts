@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { EnginePool } from '../models/index.js';
 import { datum, EVAL_TICKETS, prompt, TICKETS } from '../models/data/support-tickets.js';
 import { keepAliveClient, startServerProcess } from './server-process.js';
+import { figure } from './figures.js';
 
 /** Trainer-plane figures over HTTP from a real server process: operation overhead, and the campaign round's wall time. */
 const MODEL = 'Qwen/Qwen3.5-2B';
@@ -102,6 +103,7 @@ export async function benchTrainer(root: string): Promise<void> {
     plain.sort((a, b) => a - b);
     console.log(`trainer: one plain GET /policy_version with the same client: p50 ${plain[100]!.toFixed(2)} ms (the floor of one request/response here)`);
     console.log(`trainer: operation overhead (submit + retrieve a one-token forward, HTTP): p50 ${times[100]!.toFixed(2)} ms, p99 ${times[198]!.toFixed(2)} ms (target p50 < 2 ms)`);
+    figure('trainer: operation overhead p50', times[100]!, 'ms', { op: '<', value: 2 });
 
     const round = campaignRound(client);
     await round();
@@ -110,8 +112,12 @@ export async function benchTrainer(root: string): Promise<void> {
     warm.sort((a, b) => a - b);
     const steady = warm[1]!;
     console.log(`trainer: campaign round through HTTP (trainer created, baseline, 2 steps, eval, save_state, save_weights_for_sampler, 2 pinned samples of 16 tokens, cleanup): ${steady.toFixed(0)} ms, median of 3 warm rounds (target < 1000 ms)`);
+    figure('trainer: campaign round through HTTP, warm', steady, 'ms', { op: '<', value: 1000 });
     const cold = await coldRound(root, 1000);
     const immediate = await coldRound(root, 0);
+    figure('trainer: cold start, first round 1 s after start / a warm round', cold.ms / steady, 'x', { op: '<=', value: 1.5 });
+    figure('trainer: cold start, first round right after the first 200 / a warm round', immediate.ms / steady, 'x');
+    figure('trainer: cold start, start to first 200', cold.startupMs, 'ms', { op: '<', value: 500 });
     console.log(`trainer: cold start: a fresh process's first round 1 s after its first 200: ${cold.ms.toFixed(0)} ms, ${(cold.ms / steady).toFixed(2)}x a warm round (target <= 1.5x); right after its first 200, waiting for the --warm build: ${immediate.ms.toFixed(0)} ms (${(immediate.ms / steady).toFixed(2)}x); start to first 200 ${cold.startupMs.toFixed(0)} / ${immediate.startupMs.toFixed(0)} ms (target < 500 ms)`);
   } finally {
     client.close();
