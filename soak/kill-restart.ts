@@ -128,7 +128,8 @@ export async function runKillRestart(root: string, dataDir: string, kills: numbe
     let killed = false;
     const kill = () => { if (!killed) { killed = true; process.kill(server.pid, 'SIGKILL'); } };
     const killAfterMs = 150 + Math.floor(rng.next() * 900);
-    const timer = duringSave ? undefined : setTimeout(kill, killAfterMs);
+    // Counted from the life's first acknowledged save, so that every life has one to check, however slow the machine.
+    let timer: ReturnType<typeof setTimeout> | undefined;
     const work = async () => {
       session ??= (await client.send('POST', '/v1/loops/sessions')).json.session.id;
       const run = (await client.send('POST', '/v1/loops/runs', { session_id: session, base_model: MODEL, lora_rank: 4, max_seq_len: 64 })).json.run;
@@ -146,6 +147,7 @@ export async function runKillRestart(root: string, dataDir: string, kills: numbe
         const a: Acknowledged = { run: run.id, name, files: null };
         acked.push(a);
         figures.acknowledged++;
+        if (!duringSave && step === 0) timer = setTimeout(kill, killAfterMs);
         const listed = (await client.send('GET', `/v1/loops/checkpoints?run_id=${run.id}`)).json.checkpoints;
         const c = listed.find((x: any) => x.checkpoint_id.endsWith(`/${name}`));
         if (!c) throw new Error(`${name} reported done but not listed`);

@@ -17,7 +17,8 @@ describe('the reliability suite (reduced: npm run soak runs it whole)', () => {
     // The cases reach past validation: valid requests the server carried out, in every family.
     expect(report.fuzz.byStatus['200']).toBeGreaterThan(150);
     for (const family of ['control', 'team', 'generic', 'trainer', 'sampler', 'hub', 'admin', 'dashboard', 'stray']) expect(report.fuzz.byFamily[family], family).toBeGreaterThan(0);
-    expect(report.kills.acknowledged).toBeGreaterThan(3);
+    // Each life saves at least once before its kill (the kill waits for it).
+    expect(report.kills.acknowledged).toBeGreaterThanOrEqual(3);
   }, 300_000);
 });
 
