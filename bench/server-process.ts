@@ -29,8 +29,8 @@ export async function startServerProcess(root: string, args: string[] = []): Pro
   const port = await freePort();
   const base = `http://127.0.0.1:${port}`;
   const started = performance.now();
-  // Through its shebang, as the loops-mock command and npm start run it: the runtime settings it makes count here.
-  const child = spawn(join(root, 'dist', 'server', 'cli.js'), ['--port', String(port), ...args], { stdio: 'ignore' });
+  // As the loops-mock command (npm's link, npm start) runs: the runtime settings its launcher makes count here.
+  const child = spawn(join(root, 'bin', 'loops-mock.js'), ['--port', String(port), ...args], { stdio: 'ignore' });
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
   for (;;) {
     try {

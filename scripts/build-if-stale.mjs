@@ -29,5 +29,5 @@ if (sources > built || !existsSync(join(root, 'dist', 'server', 'cli.js'))) {
   execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
   writeFileSync(stamp, `${new Date().toISOString()}\n`);
 }
-// `npm start` runs the command through its shebang (server/cli.ts says why), as npm's links do.
-for (const cli of ['server', 'conformance']) chmodSync(join(root, 'dist', cli, 'cli.js'), 0o755);
+// `npm start` runs the command through its shebang (bin/loops-mock.js says why), as npm's links do.
+for (const file of [join('bin', 'loops-mock.js'), join('dist', 'server', 'cli.js'), join('dist', 'conformance', 'cli.js')]) chmodSync(join(root, file), 0o755);

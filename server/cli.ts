@@ -1,7 +1,5 @@
-#!/usr/bin/env -S MALLOC_MMAP_THRESHOLD_=1048576 node --expose-gc
-// Memory goes back to the system after a burst (docs/engine.md, "Long sequences and memory"): buffers from 1 MB
-// up get pages of their own (glibc otherwise keeps freed multi-MB buffers in its heap for good), and gc lets the
-// server collect right after runs are deactivated (server/memory-return.ts).
+#!/usr/bin/env node
+// Started as `loops-mock` (bin/loops-mock.js), with the runtime settings that return memory after a burst.
 import { ConfigError, parseOptions, parsePort, usage } from './config.js';
 import { appendFileSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';

@@ -203,7 +203,7 @@ describe('the loops-mock command', () => {
     // In a copy of the checkout: rebuilding this one's dist/ would pull files from under the tests that run at the same time.
     const copy = mkdtempSync(join(tmpdir(), 'build-if-stale-'));
     dirs.push(copy);
-    for (const entry of ['scripts', 'server', 'models', 'conformance', 'tsconfig.json', 'tsconfig.build.json', 'package.json']) cpSync(join(REPO_ROOT, entry), join(copy, entry), { recursive: true });
+    for (const entry of ['bin', 'scripts', 'server', 'models', 'conformance', 'tsconfig.json', 'tsconfig.build.json', 'package.json']) cpSync(join(REPO_ROOT, entry), join(copy, entry), { recursive: true });
     symlinkSync(join(REPO_ROOT, 'node_modules'), join(copy, 'node_modules'));
     const check = () => spawnSync(process.execPath, [join(copy, 'scripts', 'build-if-stale.mjs')], { cwd: copy, encoding: 'utf8' });
     expect(check().stderr).toMatch(/building/); // no dist/ yet

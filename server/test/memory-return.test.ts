@@ -1,4 +1,5 @@
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { spawn } from 'node:child_process';
@@ -25,11 +26,14 @@ describe('memory back to the system', () => {
     expect(() => collectorAfterReleases(1)()).not.toThrow();
   });
 
-  it('the loops-mock command, as npm start runs it, starts Node with the fixed mmap threshold and gc exposed', async () => {
-    expect(readFileSync(join(REPO_ROOT, 'server', 'cli.ts'), 'utf8').split('\n')[0]).toBe('#!/usr/bin/env -S MALLOC_MMAP_THRESHOLD_=1048576 node --expose-gc');
-    expect(JSON.parse(readFileSync(join(REPO_ROOT, 'package.json'), 'utf8')).scripts.start).toBe('dist/server/cli.js serve');
-    // The built command run through its shebang, as npm's link and npm start run it.
-    const child = spawn(join(REPO_ROOT, 'dist', 'server', 'cli.js'), ['--port', '0', '--log-level', 'silent'], { stdio: ['ignore', 'pipe', 'ignore'] });
+  it('the loops-mock command, as npm links it and npm start runs it, is Node with the fixed mmap threshold and gc exposed', async () => {
+    const pkg = JSON.parse(readFileSync(join(REPO_ROOT, 'package.json'), 'utf8'));
+    expect(pkg.bin['loops-mock']).toBe('bin/loops-mock.js');
+    expect(pkg.scripts.start).toBe('bin/loops-mock.js serve');
+    // The command run through its shebang, as npm's link and npm start run it; and through a symlink, as npm links it.
+    const link = join(mkdtempSync(join(tmpdir(), 'loops-mock-bin-')), 'loops-mock');
+    symlinkSync(join(REPO_ROOT, 'bin', 'loops-mock.js'), link);
+    const child = spawn(link, ['--port', '0', '--log-level', 'silent'], { stdio: ['ignore', 'pipe', 'ignore'] });
     try {
       await new Promise<void>((resolve, reject) => {
         child.stdout!.on('data', (d: Buffer) => { if (d.toString().includes('listening on')) resolve(); });
@@ -39,6 +43,8 @@ describe('memory back to the system', () => {
       const cmdline = readFileSync(`/proc/${child.pid}/cmdline`, 'utf8').split('\0');
       expect(environ).toContain('MALLOC_MMAP_THRESHOLD_=1048576');
       expect(cmdline).toContain('--expose-gc');
+      // The shell gave its place to node: one process, the one that was started.
+      expect(cmdline[0]).toMatch(/node$/);
     } finally {
       child.kill('SIGTERM');
     }
