@@ -1,5 +1,5 @@
 import { readFileSync, writeFileSync } from 'node:fs';
-import { keepAliveClient, startServerProcess } from './server-process.js';
+import { keepAliveClient, runOperation, startServerProcess } from './server-process.js';
 import { figure } from './figures.js';
 
 const MB = 1024 * 1024;
@@ -28,7 +28,8 @@ function resetPeak(pid: number): void {
  */
 export async function benchMemory(root: string): Promise<void> {
   const server = await startServerProcess(root);
-  const { send, close } = keepAliveClient(server.base, 2);
+  const client = keepAliveClient(server.base, 2);
+  const { send, close } = client;
   try {
     const session = (await send('POST', '/v1/loops/sessions')).json.session.id;
     const run = (await send('POST', '/v1/loops/runs', { session_id: session, base_model: 'Qwen/Qwen3.5-2B', lora_rank: 16, max_seq_len: LENGTH })).json.run;
@@ -37,15 +38,7 @@ export async function benchMemory(root: string): Promise<void> {
     const tokens = Array.from({ length: LENGTH }, (_, i) => (i * 7919 + 13) % 150_000);
     const datum = { model_input: { chunks: [{ type: 'encoded_text', tokens }] }, loss_fn_inputs: { target_tokens: { data: tokens.slice(1).concat(0), dtype: 'int64' } } };
     const prompt = { chunks: [{ type: 'encoded_text', tokens: tokens.slice(0, LENGTH - 16) }] };
-    const op = async (name: string, body: unknown) => {
-      const { operation_id } = (await send('POST', `${trainer}/${name}`, body)).json;
-      for (;;) {
-        const polled = await send('GET', `${trainer}/operations/${operation_id}`);
-        if (polled.status === 408) continue;
-        if (polled.json.status !== 'done') throw new Error(`${name}: ${JSON.stringify(polled.json).slice(0, 300)}`);
-        return;
-      }
-    };
+    const op = (name: string, body: unknown) => runOperation(client, trainer, name, body);
     const cases: [string, () => Promise<unknown>][] = [
       [`forward_backward, ${LENGTH} tokens`, () => op('forward_backward', { data: [datum], loss_fn: 'cross_entropy' })],
       [`forward, ${LENGTH} tokens`, () => op('forward', { data: [datum], loss_fn: 'cross_entropy' })],

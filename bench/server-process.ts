@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import { spawn } from 'node:child_process';
 import { Agent, request } from 'node:http';
 import { createServer } from 'node:net';
@@ -61,4 +62,24 @@ export function keepAliveClient(base: string, sockets = 16) {
       req.end(body === undefined ? (method === 'POST' ? '{}' : undefined) : JSON.stringify(body));
     });
   return { send, close: () => agent.destroy() };
+}
+
+export type KeepAliveClient = ReturnType<typeof keepAliveClient>;
+
+/** A 200's JSON body; any other status is an error naming the request and the answer. */
+export async function ok(client: KeepAliveClient, method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<any> {
+  const res = await client.send(method, path, body, headers);
+  if (res.status !== 200) throw new Error(`${method} ${path}: ${res.status} ${JSON.stringify(res.json).slice(0, 300)}`);
+  return res.json;
+}
+
+/** Submits a trainer operation and long-polls it (408 is a window that passed) until done: its result, else an error. */
+export async function runOperation(client: KeepAliveClient, trainer: string, name: string, body: unknown): Promise<any> {
+  const { operation_id } = await ok(client, 'POST', `${trainer}/${name}`, body, { 'idempotency-key': randomUUID() });
+  for (;;) {
+    const res = await client.send('GET', `${trainer}/operations/${operation_id}`);
+    if (res.status === 408) continue;
+    if (res.status !== 200 || res.json.status !== 'done') throw new Error(`${name}: ${res.status} ${JSON.stringify(res.json).slice(0, 300)}`);
+    return res.json.result;
+  }
 }

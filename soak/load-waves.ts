@@ -1,6 +1,5 @@
-import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { keepAliveClient, startServerProcess } from '../bench/server-process.js';
+import { keepAliveClient, ok, runOperation as op, startServerProcess } from '../bench/server-process.js';
 import { MODEL } from './fuzz.js';
 
 /**
@@ -30,24 +29,6 @@ export interface LoadFigures {
 export function residentMb(pid: number): number {
   const kb = Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]);
   return kb / 1024;
-}
-
-type Client = ReturnType<typeof keepAliveClient>;
-
-async function ok(client: Client, method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<any> {
-  const res = await client.send(method, path, body, headers);
-  if (res.status !== 200) throw new Error(`${method} ${path}: ${res.status} ${JSON.stringify(res.json).slice(0, 300)}`);
-  return res.json;
-}
-
-async function op(client: Client, trainer: string, name: string, body: unknown): Promise<any> {
-  const { operation_id } = await ok(client, 'POST', `${trainer}/${name}`, body, { 'idempotency-key': randomUUID() });
-  for (;;) {
-    const res = await client.send('GET', `${trainer}/operations/${operation_id}`);
-    if (res.status === 408) continue;
-    if (res.status !== 200 || res.json.status !== 'done') throw new Error(`${name}: ${res.status} ${JSON.stringify(res.json).slice(0, 300)}`);
-    return res.json.result;
-  }
 }
 
 /** One client's rounds: its own session and run, deactivated at the end. */
