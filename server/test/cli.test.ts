@@ -264,6 +264,11 @@ describe('option parsing', () => {
     expect(o).toMatchObject({ port: 9000, host: '0.0.0.0', coldStartMs: 250, apiKeys: [{ key: 'a', org: 'org1' }, { key: 'b', org: 'org1', team: 'team' }] });
     expect(parseOptions([], { LOOPS_MOCK_API_KEY: 'x,y' }).apiKeys.map((k) => k.key)).toEqual(['x', 'y']);
     expect(() => parseOptions(['--port', '70000'])).toThrow(ConfigError);
+    // --warm takes supported base models, or none; anything else names the flag and the models it takes.
+    expect(parseOptions([]).warmModels).toEqual(['Qwen/Qwen3.5-2B']);
+    expect(parseOptions(['--warm', 'none']).warmModels).toEqual([]);
+    expect(parseOptions(['--warm', 'Qwen/Qwen3-8B,Qwen/Qwen3.5-2B']).warmModels).toEqual(['Qwen/Qwen3-8B', 'Qwen/Qwen3.5-2B']);
+    expect(() => parseOptions(['--warm', 'Nope/Model'])).toThrow(/--warm: 'Nope\/Model' is not a supported base model \(Qwen\/Qwen3-0.6B, .*\), or 'none'/);
     expect(() => parseOptions(['--public-url', 'ftp://x'])).toThrow(/http or https/);
     expect(() => parseOptions(['--data-dir'])).toThrow(/needs a value/);
   });
