@@ -11,6 +11,8 @@ export interface BatchQueueOptions<T, R> {
   /** Requests of one key may share a batch; others wait for a batch of their own. */
   keyOf: (request: T) => string;
   maxBatch: number;
+  /** Whether `next` may join the requests already taken for a batch (default: any may); one that may not waits for a later batch. */
+  fits?: (taken: T[], next: T) => boolean;
   /** Computes one batch: one result per request, in order. */
   run: (batch: T[]) => Promise<R[]>;
   schedule: BatchSchedule;
@@ -36,13 +38,19 @@ export class BatchQueue<T, R> implements Batches {
     });
   }
 
-  /** Runs one batch of the oldest request's key (nothing if none waits); a failure rejects the whole batch. */
+  /** Runs one batch of the oldest request's key (nothing if none waits): the next ones of that key that fit, in order; a failure rejects the whole batch. */
   async runBatch(): Promise<void> {
     const head = this.pending[0];
     if (!head) return;
-    const { keyOf, maxBatch, run } = this.options;
+    const { keyOf, maxBatch, run, fits } = this.options;
     const key = keyOf(head.request);
-    const batch = this.pending.filter((p) => keyOf(p.request) === key).slice(0, maxBatch);
+    const batch: typeof this.pending = [];
+    for (const p of this.pending) {
+      if (batch.length === maxBatch) break;
+      if (keyOf(p.request) !== key) continue;
+      if (batch.length && fits && !fits(batch.map((b) => b.request), p.request)) continue;
+      batch.push(p);
+    }
     this.pending = this.pending.filter((p) => !batch.includes(p));
     try {
       const results = await run(batch.map((p) => p.request));

@@ -39,16 +39,15 @@ export class WorkerRunner implements Runner {
   private readonly sent = new LruMap<string, number>(ADAPTER_CACHE_SIZE);
 
   async run(req: RunRequest): Promise<Record<string, Feed>> {
-    const { id, version } = req.adapter;
-    const known = this.sent.peek(id) === version;
+    // Tensors only for the versions the worker does not hold; it caches the others in the same order as here.
+    const adapters = req.adapters.map(({ id, version, feeds }) => (this.sent.peek(id) === version ? { id, version } : { id, version, feeds }));
     try {
-      return await this.call({ run: known ? { ...req, adapter: { id, version } } : req });
+      return await this.call({ run: { ...req, adapters } });
     } catch (err) {
       if ((err as Error).name !== 'AdapterNotCachedError') throw err;
-      this.sent.delete(id);
       return this.call({ run: req });
     } finally {
-      this.sent.set(id, version);
+      for (const { id, version } of req.adapters) this.sent.set(id, version);
     }
   }
 

@@ -1,10 +1,11 @@
 import { BatchQueue, flushSoon } from './batch-queue.js';
 import { InlineRunner, WorkerRunner, type Runner } from './engine-runner.js';
 import { blockSequence, blocksOf, SequenceCache, type Block } from './blocks.js';
-import { cotangentFeed, feed, grownCaches, loraFeeds, ownCotangentFeeds, positionsOf, promptFeeds, rowCache, scoringUnits, sequenceFeeds, stepFeeds, topkRows, unpad, type DecodeRow, type DecodeState, type RowCache, type ScoredSequence, type ScoringLimits } from './feeds.js';
+import { cotangentFeed, feed, fitsOneRun, grownCaches, loraFeeds, ownCotangentFeeds, positionsOf, promptFeeds, rowCache, scoringUnits, sequenceFeeds, stepFeeds, topkRows, unpad, type DecodeRow, type DecodeState, type RowCache, type ScoredSequence, type ScoringLimits } from './feeds.js';
 import { freshAdapter, siteRank, type LoraAdapter } from './lora.js';
+import { memberGrads } from './side-by-side.js';
 import type { Feed } from './runner-protocol.js';
-import { DECODE_KINDS, DEFAULT_DIMS, loraSites, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
+import { DECODE_KINDS, DEFAULT_DIMS, loraSites, MIXED_SLOTS, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
 
 export { DeviceUnavailableError } from './device-error.js';
 export type { DecodeRow, DecodeState, RowCache, ScoredSequence } from './feeds.js';
@@ -41,6 +42,12 @@ export interface EngineOptions {
   /** Largest LoRA rank on the unembedding (default DEFAULT_UNEMBEDDING_RANK); a run's rank above it is capped there. */
   unembeddingRank?: number;
   /**
+   * Whether work of different adapters (runs, samplers) that reaches the engine together shares graph runs
+   * (default true): each row with its own adapter, results equal alone to float32 rounding. false: each
+   * adapter's work runs apart, bit-reproducible whatever else runs.
+   */
+  batchRuns?: boolean;
+  /**
    * Where graphs run: 'worker' (default) on a worker thread of this engine, so the caller's event loop never
    * waits on compute; 'inline' on the calling thread (simpler to debug, blocks while computing).
    */
@@ -70,7 +77,7 @@ export interface RowStep {
 }
 
 /** Requests gathered into one batch at most (prompts, or decode steps). */
-const MAX_BATCH_REQUESTS = 16;
+const MAX_BATCH_REQUESTS = MIXED_SLOTS;
 /** How long a decode batch waits for sampling streams still choosing their tokens. */
 const BATCH_WAIT_MS = 3;
 /**
@@ -86,8 +93,21 @@ const LOGIT_FLOATS_PER_RUN = 512 * 151_669;
 const HEAVY_FLOATS = 4 * 2 ** 20;
 /** Keys and values a run reads above this many floats (1 MB, ~1,000 positions): a long sequence's (see heavy). */
 const LONG_CACHE_FLOATS = 256 * 1024;
+/** Padded positions a run of several calls' chunks may hold (see joinable). */
+const JOINED_POSITIONS = 4096;
+/** Score slots a run of several calls' chunks may hold: 128 rows of Qwen's vocabulary are 78 MB a tensor. */
+const JOINED_SCORED = 128;
 /** From this many scored positions in one run on, the merged unembedding is cheaper (about the model width). */
 const MERGE_FROM_POSITIONS = 64;
+
+/** How a graph run is made: through the merged unembedding, with rows of several adapters, for several calls' chunks. */
+interface RunOptions {
+  merged?: boolean;
+  /** Each row's index into the run's adapters (the mixed-adapter graph). */
+  rowAdapters?: number[];
+  /** Chunks of several scoring calls (see joinable). */
+  joined?: boolean;
+}
 
 /** The decode graphs: the whole next-token distribution back, a token drawn in the graph, or the most likely one. */
 type StepKind = 'decode' | 'draw' | 'draw_top' | 'draw_nucleus' | 'greedy';
@@ -121,6 +141,21 @@ interface RowsRequest {
   cut: TopCut | null;
 }
 
+/** One chunk of one call's scoring (it fits one graph run), waiting for a run it may share with other runs' chunks. */
+interface ScoringRequest {
+  kind: 'forward' | 'backward';
+  seqs: ScoredSequence[];
+  adapter: LoraAdapter;
+  /** backward: one per sequence. */
+  cotangents?: Float32Array[];
+}
+
+/** A chunk's logprobs (one per sequence), and with backward its adapter's gradients (`grad.<site>.A` / `.B`). */
+interface ScoringResult {
+  logprobs: Float32Array[];
+  grads?: Record<string, Float32Array>;
+}
+
 /** Checks that a device can run graphs, with a tiny model; throws DeviceUnavailableError if not. */
 export async function probeDevice(device: Device): Promise<void> {
   if (device === 'cpu') return;
@@ -152,12 +187,27 @@ export class ModelEngine {
   private readonly presents: string[];
   /** Graph runs of one engine are serialised: onnxruntime sessions already use every core. */
   private queue: Promise<unknown> = Promise.resolve();
+  private readonly batchRuns: boolean;
   /** Sampling streams in their decode loop: a decode batch waits (briefly) for each of them to send its next step. */
   private streams = 0;
 
+  /**
+   * Each scoring chunk queues one turn; the first turn to come takes every chunk of its kind waiting by then
+   * that fits one run, whatever its run: concurrent runs' training steps share graph runs (each row with its
+   * own adapter) rather than wait for each other's.
+   */
+  private readonly scoring = new BatchQueue<ScoringRequest, ScoringResult>({
+    keyOf: (r) => r.kind,
+    maxBatch: MAX_BATCH_REQUESTS,
+    // One adapter's backward chunks of two calls stay apart: their gradients must.
+    fits: (taken, next) => this.batchRuns && !(next.kind === 'backward' && taken.some((r) => r.adapter === next.adapter)) && this.joinable([...taken, next].flatMap((r) => r.seqs)),
+    run: (batch) => this.scoreTogether(batch),
+    schedule: (queue) => void this.inTurn(() => queue.runBatch()),
+  });
+
   /** Each prompt queues one turn; the first turn to come takes every prompt of its key waiting by then. */
   private readonly prompts = new BatchQueue<PromptRequest, SequenceStart>({
-    keyOf: (p) => batchKey(p.adapter, p.kind, p.cut),
+    keyOf: (p) => this.batchKey(p.adapter, p.kind, p.cut),
     maxBatch: MAX_BATCH_REQUESTS,
     run: (batch) => this.prefill(batch),
     schedule: (queue) => void this.inTurn(() => queue.runBatch()),
@@ -165,7 +215,7 @@ export class ModelEngine {
 
   /** Decode steps gather until the next turn of the event loop, and wait a little for streams still choosing. */
   private readonly steps = new BatchQueue<RowsRequest, RowStep[]>({
-    keyOf: (r) => batchKey(r.adapter, stepKind(r), r.cut),
+    keyOf: (r) => this.batchKey(r.adapter, stepKind(r), r.cut),
     maxBatch: MAX_BATCH_REQUESTS,
     run: (batch) => this.stepRows(batch),
     schedule: flushSoon(() => this.streams, BATCH_WAIT_MS),
@@ -173,6 +223,7 @@ export class ModelEngine {
 
   constructor(readonly modelName: string, vocab: number, options: EngineOptions = {}) {
     this.dims = { vocab, ...DEFAULT_DIMS, ...options.dims };
+    this.batchRuns = options.batchRuns ?? true;
     this.sites = loraSites(this.dims, options.unembeddingRank);
     this.presents = Array.from({ length: this.dims.layers }, (_, l) => [`present_k.${l}`, `present_v.${l}`]).flat();
     this.limits = { positions: options.maxPositionsPerRun ?? 512, scored: options.maxScoredPerRun ?? Math.max(16, Math.floor(LOGIT_FLOATS_PER_RUN / vocab)) };
@@ -182,6 +233,13 @@ export class ModelEngine {
     const config = { modelName, dims: this.dims, device: options.device ?? 'cpu', threads: options.threads, packAfterBatchedRows: options.packAfterBatchedRows };
     // onnxruntime is loaded only where graphs run: in the worker, or here on first use when inline.
     this.runner = options.thread === 'inline' ? new InlineRunner(config) : new WorkerRunner(config);
+  }
+
+  /** Requests that may share one graph run: the same decode graph, whatever their adapters (see rowAdapters) unless batchRuns is off. */
+  private batchKey(adapter: LoraAdapter, kind: GraphKind, cut: TopCut | null): string {
+    // The k of a top-k draw is one number per graph run; each row brings its own top_p.
+    const graph = `${kind}${kind === 'draw_top' ? `:${cut!.topK}` : ''}`;
+    return this.batchRuns ? graph : `${adapter.id}:${adapter.version}:${graph}`;
   }
 
   /** Stops the engine's worker thread. */
@@ -226,8 +284,7 @@ export class ModelEngine {
         out.push(...chunk.map((s) => new Float32Array(s.tokens.length)));
         continue;
       }
-      const result = await this.run('forward', sequenceFeeds(this.dims, chunk), ['logprobs'], adapter);
-      out.push(...unpad(result.logprobs!, chunk));
+      out.push(...(await this.scoring.push({ kind: 'forward', seqs: chunk, adapter })).logprobs);
     }
     return out;
   }
@@ -268,11 +325,9 @@ export class ModelEngine {
         logprobs.push(...chunk.map((s) => new Float32Array(s.tokens.length)));
         continue;
       }
-      const T = Math.max(...chunk.map((s) => s.tokens.length));
-      const feeds = { ...sequenceFeeds(this.dims, chunk), cotangent: cotangentFeed(chunk, own), ...ownCotangentFeeds(this.dims, chunk.length, T) };
-      const result = await this.run('backward', feeds, ['logprobs', ...this.gradNames], adapter);
-      logprobs.push(...unpad(result.logprobs!, chunk));
-      this.addGrads(grads, result);
+      const result = await this.scoring.push({ kind: 'backward', seqs: chunk, adapter, cotangents: own });
+      logprobs.push(...result.logprobs);
+      this.addGrads(grads, result.grads!);
     }
     for (const site of this.sites) {
       const r = siteRank(adapter.tensors.get(site.key)!, site);
@@ -280,6 +335,63 @@ export class ModelEngine {
       if (!grads.has(`${site.key}.B`)) grads.set(`${site.key}.B`, new Float32Array(r * site.outDim));
     }
     return { logprobs, grads };
+  }
+
+  /**
+   * Scoring chunks of one kind in one graph run, from a turn already taken in the engine's queue. One
+   * adapter: its graph, as a call alone would run it. Several (or one adapter's backward chunks from two
+   * calls, whose gradients must stay apart): the mixed-adapter graph, each chunk its own columns.
+   */
+  private async scoreTogether(arrived: ScoringRequest[]): Promise<ScoringResult[]> {
+    const batch = byAdapter(arrived);
+    const { kind } = batch[0]!;
+    const seqs = batch.flatMap((r) => r.seqs);
+    const feeds = sequenceFeeds(this.dims, seqs);
+    if (kind === 'backward') {
+      const T = Math.max(...seqs.map((s) => s.tokens.length));
+      Object.assign(feeds, { cotangent: cotangentFeed(seqs, batch.flatMap((r) => r.cotangents!)) }, ownCotangentFeeds(this.dims, seqs.length, T));
+    }
+    // Each adapter once (a backward batch never holds one twice: see fits), and each row's.
+    const adapters = [...new Set(batch.map((r) => r.adapter))];
+    const rowAdapters = adapters.length > 1 ? batch.flatMap((r) => r.seqs.map(() => adapters.indexOf(r.adapter))) : undefined;
+    const grads = !rowAdapters ? this.gradNames : [...this.layerSites.flatMap((s) => [`grad.${s.key}.A`, `grad.${s.key}.B`]), ...adapters.flatMap((_, j) => [`grad.lm_head.A.${j}`, `grad.lm_head.B.${j}`])];
+    const outputs = kind === 'backward' ? ['logprobs', ...grads] : ['logprobs'];
+    const scored = feeds.targets!.dims.reduce((p, n) => p * n, 1);
+    const result = await this.runNow(kind, feeds, outputs, adapters, { merged: !rowAdapters && scored >= MERGE_FROM_POSITIONS, rowAdapters, joined: batch.length > 1 });
+    const ranks = (site: LoraSite) => adapters.map((a) => siteRank(a.tensors.get(site.key)!, site));
+    const logprobs = unpad(result.logprobs!, seqs);
+    const results = new Map<ScoringRequest, ScoringResult>();
+    let at = 0;
+    for (const r of batch) {
+      const own = logprobs.slice(at, at + r.seqs.length);
+      at += r.seqs.length;
+      if (kind === 'forward' || !rowAdapters) {
+        results.set(r, { logprobs: own, grads: kind === 'forward' ? undefined : result });
+        continue;
+      }
+      const j = adapters.indexOf(r.adapter);
+      const ownGrads = memberGrads(this.layerSites, ranks, j, result);
+      ownGrads['grad.lm_head.A'] = result[`grad.lm_head.A.${j}`]!;
+      ownGrads['grad.lm_head.B'] = result[`grad.lm_head.B.${j}`]!;
+      results.set(r, { logprobs: own, grads: ownGrads });
+    }
+    return arrived.map((r) => results.get(r)!);
+  }
+
+  /**
+   * Whether chunks of different calls may share one run: short sequences only (their attention is small,
+   * so more padded positions than one call's chunk may hold), and at most JOINED_SCORED score slots, about
+   * where a vocabulary-sized pass stops getting cheaper per row; one call's own chunk may hold more.
+   */
+  private joinable(seqs: ScoredSequence[]): boolean {
+    const T = Math.max(...seqs.map((s) => s.tokens.length));
+    const attention = seqs.length * this.dims.heads * T * T;
+    const limits = { positions: JOINED_POSITIONS, scored: Math.min(this.limits.scored, JOINED_SCORED) };
+    return attention <= this.blockLimits.attentionFloats && fitsOneRun(seqs, limits);
+  }
+
+  private get layerSites(): LoraSite[] {
+    return this.sites.filter((s) => s.key !== 'lm_head');
   }
 
   private get gradNames(): string[] {
@@ -393,15 +505,17 @@ export class ModelEngine {
       const feeds = promptFeeds(this.dims, [p.tokens.slice(start, end)], [p.invTemperature], state);
       if (p.kind === 'draw' || p.cut) feeds.u = feed('float32', new Float32Array(p.draws!.length).fill(0.5), [1, p.draws!.length]);
       if (p.cut) Object.assign(feeds, cutFeeds(p.cut, [p.cut.topP]));
-      const result = await this.runNow(p.kind, feeds, this.presents, p.adapter);
+      const result = await this.runNow(p.kind, feeds, this.presents, [p.adapter]);
       state = { past: this.presents.map((n) => result[n]!), batch: 1, length: end };
     }
     return (await this.prefillRows([{ ...p, tokens: p.tokens.slice(blocks.at(-1)![0]) }], state))[0]!;
   }
 
   /** Prefills prompts in one graph run, after the cached positions of `state` (one prompt's earlier blocks) or none. */
-  private async prefillRows(batch: PromptRequest[], state: DecodeState | null): Promise<SequenceStart[]> {
-    const { kind, adapter } = batch[0]!;
+  private async prefillRows(arrived: PromptRequest[], state: DecodeState | null): Promise<SequenceStart[]> {
+    // Each adapter's rows together (a mixed-adapter run needs them so); the answers go back in arrival order.
+    const batch = byAdapter(arrived);
+    const { kind } = batch[0]!;
     const B = batch.length;
     const P = state?.length ?? 0;
     const feeds = promptFeeds(this.dims, batch.map((p) => p.tokens), batch.map((p) => p.invTemperature), state);
@@ -410,10 +524,13 @@ export class ModelEngine {
     if (kind === 'draw' || cut) feeds.u = feed('float32', Float32Array.from({ length: B * N }, (_, i) => batch[Math.floor(i / N)]!.draws![i % N] ?? 0.5), [B, N]);
     if (cut) Object.assign(feeds, cutFeeds(cut, batch.map((p) => p.cut!.topP)));
     const outputs = kind === 'decode' ? ['logprobs', 'probs'] : ['token', 'token_logprob'];
-    const result = await this.runNow(kind, feeds, [...outputs, ...this.presents], adapter);
+    const { adapters, rowAdapters } = this.rowAdapters(batch.map((p) => p.adapter));
+    const result = await this.runNow(kind, feeds, [...outputs, ...this.presents], adapters, { rowAdapters });
     const T = feeds.tokens!.dims[1]!;
     const { vocab } = this.dims;
-    return batch.map((p, b) => {
+    const starts = new Map(batch.map((p, b) => [p, b]));
+    return arrived.map((p) => {
+      const b = starts.get(p)!;
       const cache = { past: this.presents.map((n) => rowCache(this.dims, result[n]!, b, P + T, P + p.tokens.length)), length: P + p.tokens.length };
       if (kind === 'decode') return { logprobs: result.logprobs!.subarray(b * vocab, (b + 1) * vocab), probs: result.probs!.subarray(b * vocab, (b + 1) * vocab), cache };
       const ids = result.token as unknown as BigInt64Array;
@@ -445,7 +562,8 @@ export class ModelEngine {
   }
 
   /** One decode step for the rows of requests of one key, in one graph run; each request gets its rows' steps. */
-  private async stepRows(batch: RowsRequest[]): Promise<RowStep[][]> {
+  private async stepRows(arrived: RowsRequest[]): Promise<RowStep[][]> {
+    const batch = byAdapter(arrived);
     const rows = batch.flatMap((r) => r.rows);
     const B = rows.length;
     const { vocab } = this.dims;
@@ -455,18 +573,30 @@ export class ModelEngine {
     if (kind === 'draw' || cut) feeds.u = feed('float32', Float32Array.from(rows, (r) => r.draw!), [B, 1]);
     if (cut) Object.assign(feeds, cutFeeds(cut, batch.flatMap((r) => r.rows.map(() => r.cut!.topP))));
     const drawn = kind !== 'decode';
-    const result = await this.run(kind, feeds, [...(drawn ? ['token', 'token_logprob'] : ['logprobs', 'probs']), ...this.presents], batch[0]!.adapter);
+    const { adapters, rowAdapters } = this.rowAdapters(batch.flatMap((r) => r.rows.map(() => r.adapter)));
+    const outputs = [...(drawn ? ['token', 'token_logprob'] : ['logprobs', 'probs']), ...this.presents];
+    const result = await this.runNow(kind, feeds, outputs, adapters, { rowAdapters });
     const caches = grownCaches(this.dims, this.presents.map((n) => result[n]!), rows);
     const steps = caches.map((cache, b): RowStep => {
       if (drawn) return { drawn: { token: Number((result.token as unknown as BigInt64Array)[b]!), logprob: result.token_logprob![b]! }, cache };
       return { logprobs: result.logprobs!.subarray(b * vocab, (b + 1) * vocab), probs: result.probs!.subarray(b * vocab, (b + 1) * vocab), cache };
     });
+    const own = new Map<RowsRequest, RowStep[]>();
     let at = 0;
-    return batch.map((r) => {
-      const own = steps.slice(at, at + r.rows.length);
+    for (const r of batch) {
+      own.set(r, steps.slice(at, at + r.rows.length));
       at += r.rows.length;
-      return own;
-    });
+    }
+    return arrived.map((r) => own.get(r)!);
+  }
+
+  /**
+   * The adapters of a decode batch's rows (`ofRow`: each row's), each version once, and with several each
+   * row's among them: the mixed-adapter graph then decodes samplers' rows in one run whatever their weights.
+   */
+  private rowAdapters(ofRow: LoraAdapter[]): { adapters: LoraAdapter[]; rowAdapters?: number[] } {
+    const adapters = [...new Set(ofRow)];
+    return { adapters, rowAdapters: adapters.length > 1 ? ofRow.map((a) => adapters.indexOf(a)) : undefined };
   }
 
   private run(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[], adapter: LoraAdapter): Promise<Record<string, Float32Array>> {
@@ -474,19 +604,21 @@ export class ModelEngine {
     // Many scored positions: merge LoRA into the unembedding weight first (see GraphOptions).
     const scored = feeds.targets?.dims.reduce((p, n) => p * n, 1) ?? 0;
     const merged = !DECODE_KINDS.includes(kind) && scored >= MERGE_FROM_POSITIONS;
-    return this.inTurn(() => this.runNow(kind, feeds, outputs, adapter, merged));
+    return this.inTurn(() => this.runNow(kind, feeds, outputs, [adapter], { merged }));
   }
 
   /**
    * Whether a run's largest tensors are far above a usual one's (see HEAVY_FLOATS), or it decodes after long
    * caches (its arena would keep their size for good): it runs on a session released after use.
    */
-  private heavy(feeds: Record<string, Feed>): boolean {
+  private heavy(feeds: Record<string, Feed>, joined: boolean): boolean {
     const [B = 1, S = 0] = feeds.targets?.dims ?? [];
+    // Runs of several calls' short chunks are bounded by JOINED_SCORED: their sessions keep that much.
+    const logits = joined ? JOINED_SCORED * this.dims.vocab : HEAVY_FLOATS;
     const bias = feeds.attn_bias?.dims ?? [];
     const attention = this.dims.heads * (bias[0] ?? 0) * (bias[2] ?? 0) * (bias[3] ?? 0);
     const cached = (feeds['past_k.0']?.data.length ?? 0) * 2 * this.dims.layers;
-    return B * S * this.dims.vocab > HEAVY_FLOATS || attention > HEAVY_FLOATS || cached > LONG_CACHE_FLOATS;
+    return B * S * this.dims.vocab > logits || attention > HEAVY_FLOATS || cached > LONG_CACHE_FLOATS;
   }
 
   /** Runs `fn` after everything queued before it, whether that failed or not. */
@@ -496,8 +628,9 @@ export class ModelEngine {
     return turn;
   }
 
-  /** Runs a graph now: only from a turn already taken in the engine's queue. */
-  private async runNow(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[], adapter: LoraAdapter, merged = false): Promise<Record<string, Float32Array>> {
+  /** Runs a graph now: only from a turn already taken in the engine's queue. With `rowAdapters` (each row's index into `adapters`), the mixed-adapter graph. */
+  private async runNow(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[], adapters: LoraAdapter[], how: RunOptions = {}): Promise<Record<string, Float32Array>> {
+    const { merged = false, rowAdapters } = how;
     // A graph kind's first run builds its session (seconds, on a cold engine): said, for a person waiting on it.
     const first = !this.ranKinds.has(kind);
     const started = first ? performance.now() : 0;
@@ -505,14 +638,19 @@ export class ModelEngine {
       this.ranKinds.add(kind);
       this.onGraphBuild?.({ model: this.modelName, kind, phase: 'start' });
     }
-    const heavy = this.heavy(feeds);
-    const result = await this.runner.run({ kind, merged, heavy, feeds, outputs, adapter: { id: adapter.id, version: adapter.version, feeds: loraFeeds(this.sites, adapter) } });
+    const heavy = this.heavy(feeds, how.joined ?? false);
+    this.graphRuns.total++;
+    if (rowAdapters) this.graphRuns.mixed++;
+    const refs = adapters.map((a) => ({ id: a.id, version: a.version, feeds: loraFeeds(this.sites, a) }));
+    const result = await this.runner.run({ kind, merged, heavy, feeds, outputs, adapters: refs, rowAdapters });
     if (first) this.onGraphBuild?.({ model: this.modelName, kind, phase: 'done', ms: performance.now() - started });
     if (heavy) this.onLongSequence?.();
     return Object.fromEntries(outputs.map((n) => [n, result[n]!.data as Float32Array]));
   }
 
   private readonly ranKinds = new Set<GraphKind>();
+  /** Graph runs so far, and how many of them held rows of several adapters (concurrent runs or samplers batched together). */
+  readonly graphRuns = { total: 0, mixed: 0 };
   /** Told when a graph kind is first built and run on this engine (EnginePool.onGraphBuild). */
   onGraphBuild?: (event: GraphBuildEvent) => void;
   /**
@@ -522,10 +660,12 @@ export class ModelEngine {
   onLongSequence?: () => void;
 }
 
-/** Requests that may share one graph run: the same adapter version and the same decode graph. */
-function batchKey(adapter: LoraAdapter, kind: GraphKind, cut: TopCut | null): string {
-  // The k of a top-k draw is one number per graph run; each row brings its own top_p.
-  return `${adapter.id}:${adapter.version}:${kind}${kind === 'draw_top' ? `:${cut!.topK}` : ''}`;
+
+
+/** The requests with each adapter's together, adapters in order of first arrival (stable within each). */
+function byAdapter<T extends { adapter: LoraAdapter }>(batch: T[]): T[] {
+  const order = [...new Set(batch.map((r) => r.adapter))];
+  return order.flatMap((a) => batch.filter((r) => r.adapter === a));
 }
 
 /** Which decode graph serves a row: every row of one graph run shares it. */

@@ -56,6 +56,13 @@ export interface ScoringLimits {
   scored: number;
 }
 
+/** Whether sequences fit one scoring run together: padded to the longest, within both limits. */
+export function fitsOneRun(seqs: ScoredSequence[], limits: ScoringLimits): boolean {
+  const T = Math.max(...seqs.map((s) => s.tokens.length));
+  const S = Math.max(...seqs.map(scoredCount));
+  return T * seqs.length <= limits.positions && S * seqs.length <= limits.scored;
+}
+
 /**
  * Splits sequences, in order, into runs within `limits`. A sequence over
  * either limit on its own comes alone, as `long`: it is scored block by
@@ -63,13 +70,9 @@ export interface ScoringLimits {
  */
 export function* scoringUnits(seqs: ScoredSequence[], limits: ScoringLimits): Generator<{ seqs: ScoredSequence[]; long: boolean }> {
   let chunk: ScoredSequence[] = [];
-  let longest = 0;
-  let mostScored = 0;
   const flush = function* () {
     if (chunk.length) yield { seqs: chunk, long: false };
     chunk = [];
-    longest = 0;
-    mostScored = 0;
   };
   for (const s of seqs) {
     if (s.tokens.length > limits.positions || scoredCount(s) > limits.scored) {
@@ -77,12 +80,8 @@ export function* scoringUnits(seqs: ScoredSequence[], limits: ScoringLimits): Ge
       yield { seqs: [s], long: true };
       continue;
     }
-    const T = Math.max(longest, s.tokens.length);
-    const S = Math.max(mostScored, scoredCount(s));
-    if (chunk.length && (T * (chunk.length + 1) > limits.positions || S * (chunk.length + 1) > limits.scored)) yield* flush();
+    if (chunk.length && !fitsOneRun([...chunk, s], limits)) yield* flush();
     chunk.push(s);
-    longest = Math.max(longest, s.tokens.length);
-    mostScored = Math.max(mostScored, scoredCount(s));
   }
   yield* flush();
 }

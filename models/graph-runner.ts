@@ -2,8 +2,21 @@ import { availableParallelism } from 'node:os';
 import * as ort from 'onnxruntime-node';
 import { DeviceUnavailableError } from './device-error.js';
 import { LruMap } from './lru.js';
-import { ADAPTER_CACHE_SIZE, AdapterNotCachedError, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
-import { baseWeights, buildGraph, buildMergeGraph, DECODE_KINDS, type GraphKind } from './transformer.js';
+import { ADAPTER_CACHE_SIZE, AdapterNotCachedError, type AdapterRef, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
+import { SideBySide, type Member } from './side-by-side.js';
+import { baseWeights, buildGraph, buildMergeGraph, DECODE_KINDS, loraSites, MIXED_SLOTS, type GraphKind, type LoraSite } from './transformer.js';
+
+/** Adapters laid side by side, and their tensors as onnxruntime's. */
+interface Layout {
+  sides: SideBySide;
+  tensors: Record<string, ort.Tensor>;
+}
+
+const scaleOf = (tensors: Record<string, ort.Tensor>) => (tensors.lora_scale!.data as Float32Array)[0]!;
+
+function layoutOf(sides: SideBySide): Layout {
+  return { sides, tensors: Object.fromEntries(Object.entries(sides.tensors).map(([n, f]) => [n, new ort.Tensor('float32', f.data, f.dims)])) };
+}
 
 /** Rows one adapter version decodes (rows × steps) before its unembedding is merged (see worthMerging). */
 const MERGE_AFTER_DECODED_ROWS = 64;
@@ -16,6 +29,11 @@ const MERGE_AFTER_DECODED_ROWS = 64;
 const PACK_AFTER_BATCHED_ROWS = 4096;
 /** Packed sessions kept: each holds about twice the unembedding (78 MB at the Qwen vocabulary). */
 const PACKED_CACHE_SIZE = 2;
+
+/** Adapter lists kept side by side (GraphRunner.sideBySide): a training step's batches and a sampling phase's; 2.2 MB for 16 rank-16 adapters. */
+const SIDE_BY_SIDE_CACHE_SIZE = 4;
+/** How long adapter lists stay side by side after the last mixed run: only a burst reuses them. */
+const SIDE_BY_SIDE_IDLE_MS = 1000;
 
 /** Merged unembeddings kept for decoding (39 MB each at the Qwen vocabulary). */
 const MERGED_CACHE_SIZE = 3;
@@ -57,24 +75,32 @@ export class GraphRunner {
   /** Adapter tensors by adapter id. */
   private readonly adapters = new LruMap<string, { version: number; tensors: Record<string, ort.Tensor> }>(ADAPTER_CACHE_SIZE);
 
+  /** The layer sites' shapes (a site's rank comes with each adapter's tensors), for mixed-adapter runs. */
+  private readonly layerSites: LoraSite[];
+
   constructor(private readonly config: RunnerConfig) {
+    this.layerSites = loraSites(config.dims).filter((s) => s.key !== 'lm_head');
     for (const w of baseWeights(config.modelName, config.dims)) this.baseFeeds[`base.${w.name}`] = new ort.Tensor('float32', w.data, w.shape);
   }
 
   async run(req: RunRequest): Promise<Record<string, Feed>> {
+    const mixed = req.rowAdapters !== undefined;
+    // Every adapter's tensors first: a missing one fails the run before anything is computed.
+    const tensors = req.adapters.map((a) => this.adapterTensors(a));
     // Decoding reads the whole unembedding every step: with LoRA merged into it once per adapter
     // version, a step is one product instead of two and a sum over [rows × vocab].
     const decode = DECODE_KINDS.includes(req.kind);
     const rows = req.feeds.tokens!.dims[0]!;
-    const merge = decode && this.worthMerging(req.adapter, rows);
-    const adapter = this.adapterTensors(req.adapter);
-    const packed = merge ? await this.packedSession(req.kind, req.adapter, adapter, rows) : null;
+    const single = req.adapters[0]!;
+    const merge = !mixed && decode && this.worthMerging(single, rows);
+    const adapter = mixed ? this.sideBySide(req, tensors) : tensors[0]!;
+    const packed = merge ? await this.packedSession(req.kind, single, adapter, rows) : null;
     if (req.heavy) this.heavyRuns++;
     let result: ort.InferenceSession.OnnxValueMapType;
     try {
-      const session = packed ?? await this.session(req.kind, req.merged || merge, req.heavy ?? false);
+      const session = packed ?? await this.session(req.kind, req.merged || merge, req.heavy ?? false, mixed);
       const feeds: Record<string, ort.Tensor> = { ...this.baseFeeds, ...adapter };
-      if (merge && !packed) feeds.lm_head_merged = await this.mergedUnembedding(req.adapter, adapter);
+      if (merge && !packed) feeds.lm_head_merged = await this.mergedUnembedding(single, adapter);
       for (const [name, f] of Object.entries(req.feeds)) feeds[name] = new ort.Tensor(f.type, f.data, f.dims);
       result = await session.run(feeds, req.outputs);
     } finally {
@@ -87,11 +113,69 @@ export class GraphRunner {
     }));
   }
 
+  /** Adapter lists laid side by side, by their keys in order. */
+  private readonly layouts = new LruMap<string, Layout>(SIDE_BY_SIDE_CACHE_SIZE);
+
+  /**
+   * A mixed-adapter run's LoRA inputs (GraphOptions.mixedAdapters): the layer sites' tensors side by side,
+   * each row's scales, and each adapter's unembedding LoRA in its own slot with the rows it applies to. The
+   * rows of each adapter come together, in the order of `adapters` (the engine orders them so).
+   */
+  private sideBySide(req: RunRequest, tensors: Record<string, ort.Tensor>[]): Record<string, ort.Tensor> {
+    this.releaseSideBySideSoon();
+    const rows = req.rowAdapters!;
+    if (tensors.length > MIXED_SLOTS) throw new Error(`a mixed-adapter run holds at most ${MIXED_SLOTS} adapters, not ${tensors.length}`);
+    if (rows.some((j, b) => j < 0 || j >= tensors.length || (b > 0 && j < rows[b - 1]!))) throw new Error('a mixed-adapter run needs each adapter\'s rows together, in the order of its adapters');
+    const key = req.adapters.map((a) => `${a.id}:${a.version}`).join(',');
+    let layout = this.layouts.get(key);
+    if (!layout) {
+      const members = tensors.map((t, j): Member => ({ key: `${j}`, scale: scaleOf(t), tensors: t as unknown as Record<string, Feed> }));
+      layout = layoutOf(new SideBySide(this.layerSites, members));
+      this.layouts.set(key, layout);
+    }
+    const slotRows = new BigInt64Array(MIXED_SLOTS + 1);
+    for (const j of rows) slotRows[j + 1]!++;
+    for (let j = 1; j <= MIXED_SLOTS; j++) slotRows[j]! += slotRows[j - 1]!;
+    const scales = new Float32Array(MIXED_SLOTS);
+    const feeds: Record<string, ort.Tensor> = { ...layout.tensors, slot_rows: new ort.Tensor('int64', slotRows, [MIXED_SLOTS + 1]), slot_scale: new ort.Tensor('float32', scales, [MIXED_SLOTS]) };
+    const lora = layout.sides.rowScales(rows);
+    feeds.lora_rows = new ort.Tensor('float32', lora.data, lora.dims);
+    for (let j = 0; j < MIXED_SLOTS; j++) {
+      const t = tensors[j];
+      if (t) scales[j] = scaleOf(t);
+      feeds[`lora.lm_head.A.${j}`] = t?.['lora.lm_head.A'] ?? this.emptySlot.A;
+      feeds[`lora.lm_head.B.${j}`] = t?.['lora.lm_head.B'] ?? this.emptySlot.B;
+    }
+    return feeds;
+  }
+
+  /** An unused slot's unembedding LoRA: rank 0, so it costs nothing. */
+  private get emptySlot(): { A: ort.Tensor; B: ort.Tensor } {
+    return (this.empty ??= {
+      A: new ort.Tensor('float32', new Float32Array(0), [this.config.dims.dModel, 0]),
+      B: new ort.Tensor('float32', new Float32Array(0), [0, this.config.dims.vocab]),
+    });
+  }
+
+  private empty: { A: ort.Tensor; B: ort.Tensor } | null = null;
+
+  private sideBySideTimer: ReturnType<typeof setTimeout> | null = null;
+
+  private releaseSideBySideSoon(): void {
+    if (this.sideBySideTimer) clearTimeout(this.sideBySideTimer);
+    this.sideBySideTimer = setTimeout(() => {
+      this.sideBySideTimer = null;
+      this.layouts.clear();
+      this.collectSoon();
+    }, SIDE_BY_SIDE_IDLE_MS);
+    this.sideBySideTimer.unref?.();
+  }
+
   /** W + scale·A·B of the unembedding per adapter version, for the few adapters decoding now (39 MB each). */
   private readonly merged = new LruMap<string, { version: number; tensor: Promise<ort.Tensor> }>(MERGED_CACHE_SIZE);
   private mergeSession: Promise<ort.InferenceSession> | null = null;
 
-  private async mergedUnembedding(a: RunRequest['adapter'], tensors: Record<string, ort.Tensor>): Promise<ort.Tensor> {
+  private async mergedUnembedding(a: AdapterRef, tensors: Record<string, ort.Tensor>): Promise<ort.Tensor> {
     // Kept in the order merged: using one does not keep it longer.
     const cached = this.merged.peek(a.id);
     if (cached && cached.version === a.version) return cached.tensor;
@@ -109,7 +193,7 @@ export class GraphRunner {
    */
   private readonly decodeUse = new LruMap<string, { version: number; rows: number; batched: number }>(ADAPTER_CACHE_SIZE);
 
-  private useOf(a: RunRequest['adapter']): { version: number; rows: number; batched: number } {
+  private useOf(a: AdapterRef): { version: number; rows: number; batched: number } {
     let use = this.decodeUse.peek(a.id);
     if (use?.version !== a.version) use = { version: a.version, rows: 0, batched: 0 };
     this.decodeUse.set(a.id, use);
@@ -121,7 +205,7 @@ export class GraphRunner {
    * one per row and step, so an adapter version is merged only once it has decoded a while: the short
    * samples of a train-then-sample loop never pay for it, a long or wide sampling phase does once.
    */
-  private worthMerging(a: RunRequest['adapter'], batch: number): boolean {
+  private worthMerging(a: AdapterRef, batch: number): boolean {
     if (this.merged.peek(a.id)?.version === a.version) return true;
     const use = this.useOf(a);
     use.rows += batch;
@@ -139,7 +223,7 @@ export class GraphRunner {
    * session is created: that takes about half a second (and this thread),
    * so only an adapter version that keeps decoding in batches gets one.
    */
-  private async packedSession(kind: GraphKind, a: RunRequest['adapter'], tensors: Record<string, ort.Tensor>, rows: number): Promise<ort.InferenceSession | null> {
+  private async packedSession(kind: GraphKind, a: AdapterRef, tensors: Record<string, ort.Tensor>, rows: number): Promise<ort.InferenceSession | null> {
     const key = `${a.id}:${a.version}:${kind}`;
     const found = this.packed.get(key);
     if (found) return found;
@@ -155,7 +239,7 @@ export class GraphRunner {
     return session;
   }
 
-  private adapterTensors(a: RunRequest['adapter']): Record<string, ort.Tensor> {
+  private adapterTensors(a: AdapterRef): Record<string, ort.Tensor> {
     if (!a.feeds) {
       // Another version held under this id stays where it is: the sender resends its tensors next.
       if (this.adapters.peek(a.id)?.version !== a.version) throw new AdapterNotCachedError();
@@ -181,8 +265,8 @@ export class GraphRunner {
     };
   }
 
-  async warm(kind: GraphKind): Promise<void> {
-    await this.session(kind, false, false);
+  async warm(kind: GraphKind, mixed = false): Promise<void> {
+    await this.session(kind, false, false, mixed);
   }
 
   private collectTimer: ReturnType<typeof setTimeout> | null = null;
@@ -222,11 +306,11 @@ export class GraphRunner {
     this.heavyTimer.unref?.();
   }
 
-  private session(kind: GraphKind, merged: boolean, heavy: boolean): Promise<ort.InferenceSession> {
-    const key = `${kind}${merged ? ':merged' : ''}${heavy ? ':heavy' : ''}`;
+  private session(kind: GraphKind, merged: boolean, heavy: boolean, mixed = false): Promise<ort.InferenceSession> {
+    const key = `${kind}${merged ? ':merged' : ''}${mixed ? ':mixed' : ''}${heavy ? ':heavy' : ''}`;
     let s = this.sessions.get(key);
     if (!s) {
-      const { onnx } = buildGraph(kind, this.config.dims, { mergedUnembedding: merged });
+      const { onnx } = buildGraph(kind, this.config.dims, { mergedUnembedding: merged, mixedAdapters: mixed });
       const cuda = this.config.device === 'cuda';
       s = ort.InferenceSession.create(onnx, this.sessionOptions(cuda)).catch((err: unknown) => {
         this.sessions.delete(key);

@@ -36,6 +36,10 @@ export class LruMap<K, V> {
     return this;
   }
 
+  clear(): void {
+    this.entries.clear();
+  }
+
   delete(key: K): boolean {
     return this.entries.delete(key);
   }

@@ -26,8 +26,20 @@ export interface RunRequest {
   heavy?: boolean;
   feeds: Record<string, Feed>;
   outputs: string[];
-  /** The LoRA adapter's tensors; `feeds` may be left out when this runner already holds that (id, version). */
-  adapter: { id: string; version: number; feeds?: Record<string, Feed> };
+  /**
+   * The LoRA adapter, or several for a mixed-adapter graph (rows of different adapters in one run: their
+   * tensors side by side along the rank, in this order, and each row's scales in `lora_rows` feeds).
+   */
+  adapters: AdapterRef[];
+  /** With several adapters: each row's, as an index into `adapters` (the runner lays them side by side and makes the row scales). */
+  rowAdapters?: number[];
+}
+
+/** An adapter version's tensors; `feeds` may be left out when the runner already holds that (id, version). */
+export interface AdapterRef {
+  id: string;
+  version: number;
+  feeds?: Record<string, Feed>;
 }
 
 /** The runner no longer holds the adapter version a request left out; the sender resends it with its tensors. */
@@ -38,5 +50,9 @@ export class AdapterNotCachedError extends Error {
   }
 }
 
-/** Adapters kept per runner: each holds rank × vocabulary floats for the unembedding alone. */
-export const ADAPTER_CACHE_SIZE = 8;
+/**
+ * Adapters kept per runner: each holds rank × vocabulary floats for the unembedding alone (2.4 MB at Qwen's
+ * vocabulary and the capped rank 4). As many as one mixed-adapter batch may hold (MAX_BATCH_REQUESTS), so
+ * concurrent runs batched together are not resent every run.
+ */
+export const ADAPTER_CACHE_SIZE = 16;

@@ -116,7 +116,20 @@ export interface GraphOptions {
   mergedUnembedding?: boolean;
   /** Decode graphs: the merged unembedding as a constant of the graph ([d, vocab]), which onnxruntime packs once. */
   packedUnembedding?: Float32Array;
+  /**
+   * Rows of several adapters in one run (different runs' training, or samplers' decode steps, batched), each
+   * adapter's rows contiguous. The layer sites take the adapters' tensors side by side along the rank (A
+   * [in, Σr], B [Σr, out]) and each row's scale over its adapter's columns in `lora_rows` ([B, 1, Σr], 0 over
+   * the others'), so x·A·B is each row's own update and each adapter's gradient sums its own rows only. The
+   * unembedding, whose B is vocabulary-wide, takes each adapter apart (`lora.lm_head.A.<slot>`, `.B.<slot>`,
+   * `slot_scale`) and applies it to its own rows (`slot_rows`: slot j holds rows [j, j + 1) of it), so no
+   * row pays for other adapters' ranks over the vocabulary. Neither merged nor packed unembedding applies.
+   */
+  mixedAdapters?: boolean;
 }
+
+/** Adapters one mixed-adapter run may hold (GraphOptions.mixedAdapters). */
+export const MIXED_SLOTS = 16;
 
 export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptions = {}): BuiltGraph {
   const g = new GraphBuilder(`loops-mock-${kind}`);
@@ -129,27 +142,51 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
   const attnBias = g.input('attn_bias', 'float32', ['B', 1, 'T', 'K']);
   const ropeCos = g.unsqueeze(g.input('rope_cos', 'float32', ['B', 'T', hd]), [2]);
   const ropeSin = g.unsqueeze(g.input('rope_sin', 'float32', ['B', 'T', hd]), [2]);
-  const scale = g.input('lora_scale', 'float32', []);
+  const mixed = options.mixedAdapters === true;
+  if (mixed && (options.mergedUnembedding || options.packedUnembedding)) throw new Error('a mixed-adapter graph has no merged unembedding');
+  const scale = mixed ? null : g.input('lora_scale', 'float32', []);
   const base = new Map<string, Sym>();
   for (const w of baseWeightShapes(dims)) base.set(w.name, g.input(`base.${w.name}`, 'float32', w.shape));
-  const lora = new Map<string, { A: Sym; B: Sym }>();
+  const lora = new Map<string, { A: Sym; B: Sym; scale: Sym }>();
+  const rowScales = mixed ? g.input('lora_rows', 'float32', ['B', 1, 'r']) : null;
   for (const site of loraSites(dims)) {
+    if (mixed && site.key === 'lm_head') continue;
     // Sites with a rank cap may have a rank of their own: a dimension name of their own.
     const r = site.maxRank === undefined ? 'r' : `r_${site.key}`;
-    lora.set(site.key, { A: g.input(`lora.${site.key}.A`, 'float32', [site.inDim, r]), B: g.input(`lora.${site.key}.B`, 'float32', [r, site.outDim]) });
+    lora.set(site.key, {
+      A: g.input(`lora.${site.key}.A`, 'float32', [site.inDim, r]),
+      B: g.input(`lora.${site.key}.B`, 'float32', [r, site.outDim]),
+      scale: scale ?? rowScales!,
+    });
   }
+  // A mixed run's unembedding LoRA: each slot's adapter on its own rows.
+  const slots = mixed ? Array.from({ length: MIXED_SLOTS }, (_, j) => ({
+    A: g.input(`lora.lm_head.A.${j}`, 'float32', [d, `r_lm_head_${j}`]),
+    B: g.input(`lora.lm_head.B.${j}`, 'float32', [`r_lm_head_${j}`, dims.vocab]),
+  })) : [];
+  const slotRows = mixed ? g.input('slot_rows', 'int64', [MIXED_SLOTS + 1]) : null;
+  const slotScale = mixed ? g.input('slot_scale', 'float32', [MIXED_SLOTS]) : null;
 
   const W = (name: string) => base.get(name)!;
   /** x·W + (scale·x·A)·B: the base projection plus its LoRA update (scaled at rank width, not output width). */
   const proj = (x: Sym, key: string, weight: Sym) => {
-    const { A, B } = lora.get(key)!;
-    return g.add(g.matmul(x, weight), g.matmul(g.mul(g.matmul(x, A), scale), B));
+    const { A, B, scale: s } = lora.get(key)!;
+    return g.add(g.matmul(x, weight), g.matmul(g.mul(g.matmul(x, A), s), B));
   };
-  const unembed = (x: Sym) => proj(x, 'lm_head', W('embed_t'));
+  /** x·W_embed plus, per slot, its adapter's (s·x·A)·B on its own rows, the slots' updates stacked back in row order. */
+  const unembedSlots = (x: Sym) => {
+    const at = (j: number) => g.slice(slotRows!, g.constI([j]), g.constI([j + 1]), [0], [1]);
+    const updates = slots.map(({ A, B }, j) => {
+      const rows = g.slice(x, at(j), at(j + 1), [0], [`n_${j}`, ...x.shape.slice(1)]);
+      return g.matmul(g.mul(g.matmul(rows, A), g.gather(slotScale!, g.constI([j]), 0)), B);
+    });
+    return g.add(g.matmul(x, W('embed_t')), g.concat(updates, 0, [...x.shape.slice(0, -1), dims.vocab]));
+  };
+  const unembed = (x: Sym) => (mixed ? unembedSlots(x) : proj(x, 'lm_head', W('embed_t')));
   /** The unembedding with LoRA merged into the weight first: one product, no extra pass over [positions × vocab]. */
   const unembedMerged = (x: Sym) => {
-    const { A, B } = lora.get('lm_head')!;
-    return g.matmul(x, g.add(W('embed_t'), g.matmul(g.mul(A, scale), B)));
+    const { A, B, scale: s } = lora.get('lm_head')!;
+    return g.matmul(x, g.add(W('embed_t'), g.matmul(g.mul(A, s), B)));
   };
   const rmsnorm = (x: Sym, weight: Sym) => g.mul(g.div(x, g.sqrt(g.add(g.reduceMean(g.mul(x, x), [-1]), g.scalar(NORM_EPS)))), weight);
   // rotate_half as a constant matrix: x·R = concat(-x₂, x₁), so rotary needs no slicing.
@@ -199,7 +236,7 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
     const last = g.mul(g.gatherRows(final, g.input('last_index', 'int64', ['B', 1])), g.input('inv_temperature', 'float32', ['B', 1]));
     // With a merged unembedding the caller feeds W + scale·A·B, built once per adapter version (mergeGraph).
     const logits = options.packedUnembedding ? g.matmul(last, g.constF(options.packedUnembedding, [d, dims.vocab]))
-      : options.mergedUnembedding ? g.matmul(last, g.input('lm_head_merged', 'float32', [d, dims.vocab])) : proj(last, 'lm_head', W('embed_t'));
+      : options.mergedUnembedding ? g.matmul(last, g.input('lm_head_merged', 'float32', [d, dims.vocab])) : unembed(last);
     if (kind === 'draw' || kind === 'draw_top' || kind === 'draw_nucleus' || kind === 'greedy') {
       const u = () => g.input('u', 'float32', ['B', 'N']);
       const { token, logprob } = kind === 'draw' ? drawTokens(g, logits, u(), dims.vocab)
@@ -238,12 +275,16 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
       const seeds: [Sym, Sym][] = [[logprobs, cotangent]];
       own.forEach(({ k, v }, l) => seeds.push([k, g.input(`cot_k.${l}`, 'float32', ['B', heads, 'T', hd])], [v, g.input(`cot_v.${l}`, 'float32', ['B', heads, 'T', hd])]));
       const past = own.flatMap(({ pastK, pastV }) => [pastK, pastV]);
-      const wrt = [...[...lora.values()].flatMap(({ A, B }) => [A, B]), ...past];
+      const wrt = [...[...lora.values(), ...slots].flatMap(({ A, B }) => [A, B]), ...past];
       const grads = backprop(g, seeds, wrt);
       for (const [site, { A, B }] of lora) {
         g.output(grads.get(A)!, `grad.${site}.A`);
         g.output(grads.get(B)!, `grad.${site}.B`);
       }
+      slots.forEach(({ A, B }, j) => {
+        g.output(grads.get(A)!, `grad.lm_head.A.${j}`);
+        g.output(grads.get(B)!, `grad.lm_head.B.${j}`);
+      });
       own.forEach(({ pastK, pastV }, l) => { g.output(grads.get(pastK)!, `grad.past_k.${l}`); g.output(grads.get(pastV)!, `grad.past_v.${l}`); });
     }
   }

@@ -75,6 +75,19 @@ export const RULES: Record<string, Rule> = {
       return dx;
     });
   },
+  // A slice along one axis sends its gradient back into zeros around it: padded by its start before and
+  // by what lies past its end after, both read at run time.
+  Slice: (g, n, dy) => {
+    const x = input(n, x0);
+    const axes = g.constantOf(n.inputs[3]!);
+    if (axes?.length !== 1) throw new Error('Slice backward needs one constant axis');
+    const rank = x.shape.length;
+    const axis = axes[0]! < 0 ? axes[0]! + rank : axes[0]!;
+    const past = g.sub(g.gather(g.shapeOf(x), g.constI([axis]), 0), input(n, 2));
+    const zeros = (k: number) => (k ? [g.constI(Array(k).fill(0))] : []);
+    const pads = g.concat([...zeros(axis), input(n, 1), ...zeros(rank - 1 - axis), ...zeros(axis), past, ...zeros(rank - 1 - axis)], 0, [2 * rank]);
+    return [g.pad(dy, pads, x.shape), null, null, null];
+  },
   // Picks send back a sparse gradient; it becomes dense (scatter-add, as an index may repeat) only where a rule needs it.
   GatherElements: (_g, n, dy) => [{ sparse: true, like: input(n, x0), indices: input(n, x1), updates: dy, axis: n.attrs.axis as number }, null],
 };

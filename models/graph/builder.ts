@@ -77,6 +77,12 @@ export class GraphBuilder {
     return s;
   }
 
+  /** The values of a constant made by constI (undefined for anything else): what a backward rule may read of a node's constant inputs. */
+  constantOf(s: Sym): number[] | undefined {
+    const init = this.initializers.find((i) => i.sym === s);
+    return init && init.data instanceof BigInt64Array ? Array.from(init.data, Number) : undefined;
+  }
+
   scalar(value: number): Sym {
     return this.constF([value], []);
   }
@@ -172,6 +178,11 @@ export class GraphBuilder {
   /** Appends `after[i]` zeros to the end of axis i. */
   padEnd(x: Sym, after: number[], shape: Dim[]): Sym {
     return this.node('Pad', [x, this.constI([...after.map(() => 0), ...after])], shape);
+  }
+
+  /** Pads with zeros, `pads` an int64 [2 × rank] tensor computed in the graph (befores, then afters); `shape` is the result's. */
+  pad(x: Sym, pads: Sym, shape: Dim[]): Sym {
+    return this.node('Pad', [x, pads], shape);
   }
 
   softmax(x: Sym): Sym { return this.node('Softmax', [x], x.shape, x.dtype, { axis: -1 }); }

@@ -40,6 +40,23 @@ describe('BatchQueue', () => {
     expect(await Promise.all(results)).toEqual(['A1', 'no b', 'A2', 'A3', 'no b']);
   });
 
+  it('takes only the requests that fit with those already taken; the others wait, in order, for a later batch', async () => {
+    const batches: number[][] = [];
+    let held: Batches | null = null;
+    const queue = new BatchQueue<number, number>({
+      keyOf: () => '',
+      maxBatch: 16,
+      fits: (taken, next) => taken.reduce((a, b) => a + b, 0) + next <= 10,
+      run: async (batch) => (batches.push(batch), batch),
+      schedule: (q) => { held = q; },
+    });
+    const all = Promise.all([6, 5, 3, 12, 1].map((n) => queue.push(n)));
+    while (held!.size) await held!.runBatch();
+    await all;
+    // The head always runs, even alone over the limit.
+    expect(batches).toEqual([[6, 3, 1], [5], [12]]);
+  });
+
   it('flushSoon gathers what is pushed in the same turn, and waits for the expected requests a few milliseconds at most', async () => {
     const batches: number[][] = [];
     let expected = 3;
