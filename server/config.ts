@@ -32,6 +32,8 @@ interface StartupOptions {
   device: 'cpu' | 'cuda';
   /** Largest LoRA rank on the unembedding; a run's rank above it is capped there (see DEFAULT_UNEMBEDDING_RANK). */
   unembeddingRank: number;
+  /** Whether work of different runs on one base model that reaches the engine together shares graph runs. */
+  batchRuns: boolean;
   /** Model name → a tokenizer.json (or its folder) to use instead of the built-in one. */
   tokenizers: Record<string, string>;
   /** Base models whose engine is built and run once in the background at start. */
@@ -242,6 +244,11 @@ const ENGINE_AND_ADMIN_ROWS: StartupRowSpecs<Exclude<StartupKey, keyof typeof LI
     flag: 'unembedding-rank', default: DEFAULT_UNEMBEDDING_RANK,
     help: `largest LoRA rank on the unembedding (lm_head), 1..${MAX_LORA_RANK}; a run's lora_rank above it is capped there, as adapter_config.json's rank_pattern says; it holds rank × vocabulary floats per adapter`,
     parse: wholeNumber('unembedding-rank', [1, MAX_LORA_RANK]),
+  },
+  batchRuns: {
+    flag: 'batch-runs', default: true, shown: 'on',
+    help: "on: training steps, scoring and decode steps of different runs and samplers on one base model that reach the engine together share graph runs, each row with its own adapter (results equal alone to float32 rounding); off: each run's work runs apart, bit-reproducible whatever else runs",
+    parse: (v) => oneOf('batch-runs', ['on', 'off'], 'on or off')(v) === 'on',
   },
   tokenizers: {
     flag: 'tokenizer', default: {}, shown: 'built in', repeatable: 'adds to env',

@@ -78,7 +78,7 @@ async function prepareEngines(options: ServerOptions): Promise<EnginePool> {
   } catch (err) {
     throw new ConfigError(`--device ${options.device}: ${(err as Error).message}`);
   }
-  return new EnginePool(tokenizers, { device: options.device, unembeddingRank: options.unembeddingRank });
+  return new EnginePool(tokenizers, { device: options.device, unembeddingRank: options.unembeddingRank, batchRuns: options.batchRuns });
 }
 
 /** Builds and runs each model's graphs once (ModelEngine.warmUp); a failure is logged, never fatal: the first request would build them again. */

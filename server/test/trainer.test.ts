@@ -232,6 +232,46 @@ describe('checkpoints and resume', () => {
   });
 });
 
+describe('concurrent runs (--batch-runs)', () => {
+  /** Four runs of different ranks and seeds, each a forward_backward and an optim_step, then an eval: their losses. */
+  async function fourRuns(api: ReturnType<typeof http>, together: boolean): Promise<number[][]> {
+    const runs = await Promise.all([[4, 1], [8, 2], [16, 3], [32, 4]].map(([lora_rank, seed]) => newRun(api, { lora_rank, seed })));
+    const round = async ({ trainer }: { trainer: string }, i: number) => {
+      const fb = await api.op(trainer, 'forward_backward', ce(trainSet.slice(i, i + 3)));
+      await api.op(trainer, 'optim_step', { adam_params: { learning_rate: 1e-2 } });
+      return [fb.loss, (await api.op(trainer, 'forward', ce(evalSet))).loss];
+    };
+    if (together) return Promise.all(runs.map(round));
+    const out = [];
+    for (const [i, r] of runs.entries()) out.push(await round(r, i));
+    return out;
+  }
+
+  it('batches different runs\' steps that arrive together into shared graph runs: each run\'s losses as alone', async () => {
+    server = await startTestServer();
+    const api = http(server.url);
+    const alone = await fourRuns(api, false);
+    const engine = server.core.engines.get(MODEL);
+    const before = { ...engine.graphRuns };
+    const together = await fourRuns(api, true);
+    expect(engine.graphRuns.mixed - before.mixed).toBeGreaterThan(0);
+    // Fewer graph runs than the 8 (a forward_backward and an eval per run) that the runs alone take.
+    expect(engine.graphRuns.total - before.total).toBeLessThan(8);
+    together.flat().forEach((loss, i) => expect(Math.abs(loss - alone.flat()[i]!)).toBeLessThan(1e-5 * Math.abs(alone.flat()[i]!)));
+  });
+
+  it('with --batch-runs off runs each run apart: the same losses to the bit', async () => {
+    server = await startTestServer({ batchRuns: false });
+    const api = http(server.url);
+    const alone = await fourRuns(api, false);
+    const engine = server.core.engines.get(MODEL);
+    const before = { ...engine.graphRuns };
+    expect(await fourRuns(api, true)).toEqual(alone);
+    expect(engine.graphRuns.mixed - before.mixed).toBe(0);
+    expect(engine.graphRuns.total - before.total).toBe(8);
+  });
+});
+
 describe('submit-time validation', () => {
   it('refuses each kind of bad request with a 400 naming the datum and field', async () => {
     server = await startTestServer();
