@@ -15,7 +15,7 @@ function helpers(client: Client) {
 }
 
 /** The guide's campaign round (campaign.py) against a server: its wall time in ms. */
-function campaignRound(client: Client) {
+export function campaignRound(client: Client) {
   const { call, op } = helpers(client);
   const tok = new EnginePool().tokenizers.get(MODEL);
   const wire = (list: [string, string][]) => list.map(([t, l]) => {
@@ -67,6 +67,25 @@ async function coldRound(root: string, afterMs: number): Promise<{ startupMs: nu
   }
 }
 
+/** 16 clients each doing a campaign round at once, on clients of their own: the slowest round against one alone. */
+export async function concurrentRounds(base: string, alone: number, clients = 16): Promise<number> {
+  const own = Array.from({ length: clients }, () => keepAliveClient(base, 1));
+  try {
+    const rounds = own.map((c) => campaignRound(c));
+    // One concurrent round first: graphs for the wider batches are built and sized then.
+    await Promise.all(rounds.map((r) => r()));
+    const started = performance.now();
+    const times = await Promise.all(rounds.map((r) => r()));
+    const wall = performance.now() - started;
+    times.sort((a, b) => a - b);
+    console.log(`trainer: ${clients} concurrent campaign rounds: all done in ${wall.toFixed(0)} ms, ${(wall / alone).toFixed(2)}x one client's round (target <= 4x); each round p50 ${times[clients >> 1]!.toFixed(0)} ms`);
+    figure(`trainer: ${clients} concurrent campaign rounds / one client's round`, wall / alone, 'x', { op: '<=', value: 4 });
+    return wall;
+  } finally {
+    for (const c of own) c.close();
+  }
+}
+
 export async function benchTrainer(root: string): Promise<void> {
   const server = await startServerProcess(root);
   const client = keepAliveClient(server.base, 1);
@@ -104,6 +123,7 @@ export async function benchTrainer(root: string): Promise<void> {
     const steady = warm[1]!;
     console.log(`trainer: campaign round through HTTP (trainer created, baseline, 2 steps, eval, save_state, save_weights_for_sampler, 2 pinned samples of 16 tokens, cleanup): ${steady.toFixed(0)} ms, median of 3 warm rounds (target < 1000 ms)`);
     figure('trainer: campaign round through HTTP, warm', steady, 'ms', { op: '<', value: 1000 });
+    await concurrentRounds(server.base, steady);
     const cold = await coldRound(root, 1000);
     const immediate = await coldRound(root, 0);
     figure('trainer: cold start, first round 1 s after start / a warm round', cold.ms / steady, 'x', { op: '<=', value: 1.5 });
