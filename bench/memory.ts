@@ -10,7 +10,7 @@ const RETURN_TARGET_MB = 100;
 const LENGTH = 4096;
 
 /** The server's resident memory now (VmRSS), or its peak since the last resetPeak (VmHWM), from /proc (Linux). */
-function residentBytes(pid: number, which: 'VmRSS' | 'VmHWM' = 'VmRSS'): number {
+export function residentBytes(pid: number, which: 'VmRSS' | 'VmHWM' = 'VmRSS'): number {
   const m = new RegExp(`${which}:\\s+(\\d+) kB`).exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
   if (!m) throw new Error(`no ${which} for process ${pid}`);
   return Number(m[1]) * 1024;

@@ -2,6 +2,7 @@ import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { benchControlPlane } from './control-plane.js';
 import { benchEngine } from './engine.js';
+import { benchFootprint } from './footprint.js';
 import { benchMemory } from './memory.js';
 import { benchProxy } from './proxy.js';
 import { benchSampler } from './sampler.js';
@@ -27,6 +28,7 @@ await benchTrainer(root);
 await benchSampler(root);
 await benchEngine();
 await benchMemory(root);
+await benchFootprint(root);
 if (json) {
   const all = figures();
   print(JSON.stringify({ figures: all, missed: all.filter((f) => f.met === false).map((f) => f.name) }, null, 2));

@@ -14,17 +14,23 @@ function helpers(client: Client) {
   return { call, op };
 }
 
-/** The guide's campaign round (campaign.py) against a server: its wall time in ms. */
-export function campaignRound(client: Client) {
-  const { call, op } = helpers(client);
+let data: { train: unknown[]; evalSet: unknown[]; prompts: number[][] } | null = null;
+
+/** The campaign's datums and prompts, tokenized once for every client of the bench (a tokenizer each would cost the load generator ~85 MB). */
+function campaignData() {
+  if (data) return data;
   const tok = new EnginePool().tokenizers.get(MODEL);
   const wire = (list: [string, string][]) => list.map(([t, l]) => {
     const d = datum(tok, t, l);
     return { model_input: { chunks: [{ type: 'encoded_text', tokens: d.tokens }] }, loss_fn_inputs: { target_tokens: { data: d.targetTokens, dtype: 'int64', shape: [d.tokens.length] } } };
   });
-  const train = wire(TICKETS);
-  const evalSet = wire(EVAL_TICKETS);
-  const prompts = EVAL_TICKETS.map(([ticket]) => tok.encode(prompt(ticket)));
+  return (data = { train: wire(TICKETS), evalSet: wire(EVAL_TICKETS), prompts: EVAL_TICKETS.map(([ticket]) => tok.encode(prompt(ticket))) });
+}
+
+/** The guide's campaign round (campaign.py) against a server: its wall time in ms. */
+export function campaignRound(client: Client) {
+  const { call, op } = helpers(client);
+  const { train, evalSet, prompts } = campaignData();
   return async () => {
     const started = performance.now();
     const s = (await call('POST', '/v1/loops/sessions')).session.id;
