@@ -38,7 +38,11 @@ export class BatchQueue<T, R> implements Batches {
     });
   }
 
-  /** Runs one batch of the oldest request's key (nothing if none waits): the next ones of that key that fit, in order; a failure rejects the whole batch. */
+  /**
+   * Runs one batch of the oldest request's key (nothing if none waits): the next ones of that key that fit,
+   * in order. A batch of several that fails is run again one request at a time, so that a request that
+   * fails alone gets its own error and the others their results.
+   */
   async runBatch(): Promise<void> {
     const head = this.pending[0];
     if (!head) return;
@@ -56,7 +60,8 @@ export class BatchQueue<T, R> implements Batches {
       const results = await run(batch.map((p) => p.request));
       batch.forEach((p, i) => p.resolve(results[i]!));
     } catch (err) {
-      for (const p of batch) p.reject(err as Error);
+      if (batch.length === 1) batch[0]!.reject(err as Error);
+      else for (const p of batch) await run([p.request]).then(([r]) => p.resolve(r!), (e: Error) => p.reject(e));
     }
   }
 }

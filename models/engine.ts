@@ -95,18 +95,20 @@ const HEAVY_FLOATS = 4 * 2 ** 20;
 const LONG_CACHE_FLOATS = 256 * 1024;
 /** Padded positions a run of several calls' chunks may hold (see joinable). */
 const JOINED_POSITIONS = 4096;
-/** Score slots a run of several calls' chunks may hold: 128 rows of Qwen's vocabulary are 78 MB a tensor. */
-const JOINED_SCORED = 128;
+/**
+ * Score slots a run of several calls' chunks may hold: 64 rows of Qwen's vocabulary are 39 MB a tensor, and a
+ * backward run holds about ten such at its peak. Such runs are heavy (HEAVY_FLOATS): their sessions, and
+ * that memory, go back once a burst of concurrent steps is over. Larger batches ran no faster.
+ */
+const JOINED_SCORED = 64;
 /** From this many scored positions in one run on, the merged unembedding is cheaper (about the model width). */
 const MERGE_FROM_POSITIONS = 64;
 
-/** How a graph run is made: through the merged unembedding, with rows of several adapters, for several calls' chunks. */
+/** How a graph run is made: through the merged unembedding, or with rows of several adapters. */
 interface RunOptions {
   merged?: boolean;
   /** Each row's index into the run's adapters (the mixed-adapter graph). */
   rowAdapters?: number[];
-  /** Chunks of several scoring calls (see joinable). */
-  joined?: boolean;
 }
 
 /** The decode graphs: the whole next-token distribution back, a token drawn in the graph, or the most likely one. */
@@ -357,7 +359,7 @@ export class ModelEngine {
     const grads = !rowAdapters ? this.gradNames : [...this.layerSites.flatMap((s) => [`grad.${s.key}.A`, `grad.${s.key}.B`]), ...adapters.flatMap((_, j) => [`grad.lm_head.A.${j}`, `grad.lm_head.B.${j}`])];
     const outputs = kind === 'backward' ? ['logprobs', ...grads] : ['logprobs'];
     const scored = feeds.targets!.dims.reduce((p, n) => p * n, 1);
-    const result = await this.runNow(kind, feeds, outputs, adapters, { merged: !rowAdapters && scored >= MERGE_FROM_POSITIONS, rowAdapters, joined: batch.length > 1 });
+    const result = await this.runNow(kind, feeds, outputs, adapters, { merged: !rowAdapters && scored >= MERGE_FROM_POSITIONS, rowAdapters });
     const ranks = (site: LoraSite) => adapters.map((a) => siteRank(a.tensors.get(site.key)!, site));
     const logprobs = unpad(result.logprobs!, seqs);
     const results = new Map<ScoringRequest, ScoringResult>();
@@ -611,14 +613,12 @@ export class ModelEngine {
    * Whether a run's largest tensors are far above a usual one's (see HEAVY_FLOATS), or it decodes after long
    * caches (its arena would keep their size for good): it runs on a session released after use.
    */
-  private heavy(feeds: Record<string, Feed>, joined: boolean): boolean {
+  private heavy(feeds: Record<string, Feed>): boolean {
     const [B = 1, S = 0] = feeds.targets?.dims ?? [];
-    // Runs of several calls' short chunks are bounded by JOINED_SCORED: their sessions keep that much.
-    const logits = joined ? JOINED_SCORED * this.dims.vocab : HEAVY_FLOATS;
     const bias = feeds.attn_bias?.dims ?? [];
     const attention = this.dims.heads * (bias[0] ?? 0) * (bias[2] ?? 0) * (bias[3] ?? 0);
     const cached = (feeds['past_k.0']?.data.length ?? 0) * 2 * this.dims.layers;
-    return B * S * this.dims.vocab > logits || attention > HEAVY_FLOATS || cached > LONG_CACHE_FLOATS;
+    return B * S * this.dims.vocab > HEAVY_FLOATS || attention > HEAVY_FLOATS || cached > LONG_CACHE_FLOATS;
   }
 
   /** Runs `fn` after everything queued before it, whether that failed or not. */
@@ -638,7 +638,7 @@ export class ModelEngine {
       this.ranKinds.add(kind);
       this.onGraphBuild?.({ model: this.modelName, kind, phase: 'start' });
     }
-    const heavy = this.heavy(feeds, how.joined ?? false);
+    const heavy = this.heavy(feeds);
     this.graphRuns.total++;
     if (rowAdapters) this.graphRuns.mixed++;
     const refs = adapters.map((a) => ({ id: a.id, version: a.version, feeds: loraFeeds(this.sites, a) }));

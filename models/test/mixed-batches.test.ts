@@ -85,6 +85,16 @@ describe('concurrent runs batched together', () => {
     expect(b!.length).toBe(runs[3]!.seqs.length);
   });
 
+  it('a shared run that fails is run again call by call: only the call that fails gets the error', async () => {
+    const alone = await engine.forward(runs[0]!.seqs, runs[0]!.adapter);
+    // A token beyond the vocabulary (the trainer refuses it at submit; the engine's graph fails on it).
+    const bad = [{ tokens: [1, engine.dims.vocab + 5], targets: [2, 3] }];
+    const [good, failed] = await Promise.allSettled([engine.forward(runs[0]!.seqs, runs[0]!.adapter), engine.forward(bad, runs[1]!.adapter)]);
+    expect(good.status).toBe('fulfilled');
+    (good as PromiseFulfilledResult<Float32Array[]>).value.forEach((lp, s) => expect(Array.from(lp)).toEqual(Array.from(alone[s]!)));
+    expect(failed.status).toBe('rejected');
+  });
+
   it('with batchRuns off, each adapter\'s work runs apart and gives what it gives alone to the bit', async () => {
     const apart = new ModelEngine(MODEL, tok.vocabSize, { batchRuns: false });
     try {
