@@ -39,15 +39,20 @@ export class WorkerRunner implements Runner {
   private readonly sent = new LruMap<string, number>(ADAPTER_CACHE_SIZE);
 
   async run(req: RunRequest): Promise<Record<string, Feed>> {
-    // Tensors only for the versions the worker does not hold; it caches the others in the same order as here.
-    const adapters = req.adapters.map(({ id, version, feeds }) => (this.sent.peek(id) === version ? { id, version } : { id, version, feeds }));
+    // Tensors only for the versions the worker holds not. The worker caches a request's adapters one after
+    // another, so the mirror follows them in the same order: an adapter set early may evict one later in the
+    // same list, whose tensors then go too.
+    const adapters = req.adapters.map(({ id, version, feeds }) => {
+      const held = this.sent.peek(id) === version;
+      this.sent.set(id, version);
+      return held ? { id, version } : { id, version, feeds };
+    });
     try {
       return await this.call({ run: { ...req, adapters } });
     } catch (err) {
+      // The mirror drifted (a call that failed on its way, say): every tensor again.
       if ((err as Error).name !== 'AdapterNotCachedError') throw err;
       return this.call({ run: req });
-    } finally {
-      for (const { id, version } of req.adapters) this.sent.set(id, version);
     }
   }
 

@@ -16,6 +16,8 @@ export type Device = 'cpu' | 'cuda';
 export interface GraphBuildEvent {
   model: string;
   kind: GraphKind;
+  /** The kind's mixed-adapter graph (rows of several adapters in one run). */
+  mixed: boolean;
   phase: 'start' | 'done';
   /** With `done`: building and the first run together. */
   ms?: number;
@@ -202,7 +204,7 @@ export class ModelEngine {
     keyOf: (r) => r.kind,
     maxBatch: MAX_BATCH_REQUESTS,
     // One adapter's backward chunks of two calls stay apart: their gradients must.
-    fits: (taken, next) => this.batchRuns && !(next.kind === 'backward' && taken.some((r) => r.adapter === next.adapter)) && this.joinable([...taken, next].flatMap((r) => r.seqs)),
+    fits: (taken, next) => this.batchRuns && !(next.kind === 'backward' && taken.some((r) => versionKey(r.adapter) === versionKey(next.adapter))) && this.joinable([...taken, next].flatMap((r) => r.seqs)),
     run: (batch) => this.scoreTogether(batch),
     schedule: (queue) => void this.inTurn(() => queue.runBatch()),
   });
@@ -241,7 +243,7 @@ export class ModelEngine {
   private batchKey(adapter: LoraAdapter, kind: GraphKind, cut: TopCut | null): string {
     // The k of a top-k draw is one number per graph run; each row brings its own top_p.
     const graph = `${kind}${kind === 'draw_top' ? `:${cut!.topK}` : ''}`;
-    return this.batchRuns ? graph : `${adapter.id}:${adapter.version}:${graph}`;
+    return this.batchRuns ? graph : `${versionKey(adapter)}:${graph}`;
   }
 
   /** Stops the engine's worker thread. */
@@ -353,9 +355,8 @@ export class ModelEngine {
       const T = Math.max(...seqs.map((s) => s.tokens.length));
       Object.assign(feeds, { cotangent: cotangentFeed(seqs, batch.flatMap((r) => r.cotangents!)) }, ownCotangentFeeds(this.dims, seqs.length, T));
     }
-    // Each adapter once (a backward batch never holds one twice: see fits), and each row's.
-    const adapters = [...new Set(batch.map((r) => r.adapter))];
-    const rowAdapters = adapters.length > 1 ? batch.flatMap((r) => r.seqs.map(() => adapters.indexOf(r.adapter))) : undefined;
+    // Each adapter version once (a backward batch never holds one twice: see fits), and each row's.
+    const { adapters, rowAdapters } = this.rowAdapters(batch.flatMap((r) => r.seqs.map(() => r.adapter)));
     const grads = !rowAdapters ? this.gradNames : [...this.layerSites.flatMap((s) => [`grad.${s.key}.A`, `grad.${s.key}.B`]), ...adapters.flatMap((_, j) => [`grad.lm_head.A.${j}`, `grad.lm_head.B.${j}`])];
     const outputs = kind === 'backward' ? ['logprobs', ...grads] : ['logprobs'];
     const scored = feeds.targets!.dims.reduce((p, n) => p * n, 1);
@@ -371,7 +372,7 @@ export class ModelEngine {
         results.set(r, { logprobs: own, grads: kind === 'forward' ? undefined : result });
         continue;
       }
-      const j = adapters.indexOf(r.adapter);
+      const j = adapters.findIndex((a) => versionKey(a) === versionKey(r.adapter));
       const ownGrads = memberGrads(this.layerSites, ranks, j, result);
       ownGrads['grad.lm_head.A'] = result[`grad.lm_head.A.${j}`]!;
       ownGrads['grad.lm_head.B'] = result[`grad.lm_head.B.${j}`]!;
@@ -577,7 +578,8 @@ export class ModelEngine {
     const drawn = kind !== 'decode';
     const { adapters, rowAdapters } = this.rowAdapters(batch.flatMap((r) => r.rows.map(() => r.adapter)));
     const outputs = [...(drawn ? ['token', 'token_logprob'] : ['logprobs', 'probs']), ...this.presents];
-    const result = await this.runNow(kind, feeds, outputs, adapters, { rowAdapters });
+    // A turn of the engine's queue, as every graph run takes: one graph at a time, in order with training work.
+    const result = await this.inTurn(() => this.runNow(kind, feeds, outputs, adapters, { rowAdapters }));
     const caches = grownCaches(this.dims, this.presents.map((n) => result[n]!), rows);
     const steps = caches.map((cache, b): RowStep => {
       if (drawn) return { drawn: { token: Number((result.token as unknown as BigInt64Array)[b]!), logprob: result.token_logprob![b]! }, cache };
@@ -597,8 +599,14 @@ export class ModelEngine {
    * row's among them: the mixed-adapter graph then decodes samplers' rows in one run whatever their weights.
    */
   private rowAdapters(ofRow: LoraAdapter[]): { adapters: LoraAdapter[]; rowAdapters?: number[] } {
-    const adapters = [...new Set(ofRow)];
-    return { adapters, rowAdapters: adapters.length > 1 ? ofRow.map((a) => adapters.indexOf(a)) : undefined };
+    const slots = new Map<string, number>();
+    const adapters: LoraAdapter[] = [];
+    const rows = ofRow.map((a) => {
+      const key = versionKey(a);
+      if (!slots.has(key)) slots.set(key, adapters.push(a) - 1);
+      return slots.get(key)!;
+    });
+    return { adapters, rowAdapters: adapters.length > 1 ? rows : undefined };
   }
 
   private run(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[], adapter: LoraAdapter): Promise<Record<string, Float32Array>> {
@@ -632,23 +640,26 @@ export class ModelEngine {
   private async runNow(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[], adapters: LoraAdapter[], how: RunOptions = {}): Promise<Record<string, Float32Array>> {
     const { merged = false, rowAdapters } = how;
     // A graph kind's first run builds its session (seconds, on a cold engine): said, for a person waiting on it.
-    const first = !this.ranKinds.has(kind);
+    const mixed = rowAdapters !== undefined;
+    const graph = `${kind}${mixed ? ':mixed' : ''}`;
+    const first = !this.ranKinds.has(graph);
     const started = first ? performance.now() : 0;
     if (first) {
-      this.ranKinds.add(kind);
-      this.onGraphBuild?.({ model: this.modelName, kind, phase: 'start' });
+      this.ranKinds.add(graph);
+      this.onGraphBuild?.({ model: this.modelName, kind, mixed, phase: 'start' });
     }
     const heavy = this.heavy(feeds);
     this.graphRuns.total++;
-    if (rowAdapters) this.graphRuns.mixed++;
+    if (mixed) this.graphRuns.mixed++;
     const refs = adapters.map((a) => ({ id: a.id, version: a.version, feeds: loraFeeds(this.sites, a) }));
     const result = await this.runner.run({ kind, merged, heavy, feeds, outputs, adapters: refs, rowAdapters });
-    if (first) this.onGraphBuild?.({ model: this.modelName, kind, phase: 'done', ms: performance.now() - started });
+    if (first) this.onGraphBuild?.({ model: this.modelName, kind, mixed, phase: 'done', ms: performance.now() - started });
     if (heavy) this.onLongSequence?.();
     return Object.fromEntries(outputs.map((n) => [n, result[n]!.data as Float32Array]));
   }
 
-  private readonly ranKinds = new Set<GraphKind>();
+  /** Graph kinds run so far, `<kind>` or `<kind>:mixed`. */
+  private readonly ranKinds = new Set<string>();
   /** Graph runs so far, and how many of them held rows of several adapters (concurrent runs or samplers batched together). */
   readonly graphRuns = { total: 0, mixed: 0 };
   /** Told when a graph kind is first built and run on this engine (EnginePool.onGraphBuild). */
@@ -664,9 +675,12 @@ export class ModelEngine {
 
 /** The requests with each adapter's together, adapters in order of first arrival (stable within each). */
 function byAdapter<T extends { adapter: LoraAdapter }>(batch: T[]): T[] {
-  const order = [...new Set(batch.map((r) => r.adapter))];
-  return order.flatMap((a) => batch.filter((r) => r.adapter === a));
+  const order = [...new Set(batch.map((r) => versionKey(r.adapter)))];
+  return order.flatMap((key) => batch.filter((r) => versionKey(r.adapter) === key));
 }
+
+/** An adapter version's identity: what the worker caches it under, and what a mixed run gives one slot. */
+const versionKey = (a: LoraAdapter) => `${a.id}:${a.version}`;
 
 /** Which decode graph serves a row: every row of one graph run shares it. */
 function stepKind(r: RowsRequest): StepKind {

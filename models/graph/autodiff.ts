@@ -77,10 +77,11 @@ export const RULES: Record<string, Rule> = {
   },
   // A slice along one axis sends its gradient back into zeros around it: padded by its start before and
   // by what lies past its end after, both read at run time.
+  // (Starts and ends must lie within the axis, as the mixed-adapter graphs' row bounds do: no clamping here.)
   Slice: (g, n, dy) => {
     const x = input(n, x0);
     const axes = g.constantOf(n.inputs[3]!);
-    if (axes?.length !== 1) throw new Error('Slice backward needs one constant axis');
+    if (axes?.length !== 1 || n.inputs.length > 4) throw new Error('Slice backward needs one constant axis and no steps');
     const rank = x.shape.length;
     const axis = axes[0]! < 0 ? axes[0]! + rank : axes[0]!;
     const past = g.sub(g.gather(g.shapeOf(x), g.constI([axis]), 0), input(n, 2));

@@ -156,8 +156,8 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
   core.onLifecycle((line) => (line.level === 'INFO' ? log.info(line.message) : log.warn(line.message)));
   // Engines may outlive this app (shared by a test suite's servers): stop listening when it closes.
   const unlisten = core.engines.onGraphBuild((e) => log.info(e.phase === 'start'
-    ? `${e.model}: building the '${e.kind}' graph (first use; a moment)`
-    : `${e.model}: '${e.kind}' graph ready (${((e.ms ?? 0) / 1000).toFixed(1)} s with its first run)`));
+    ? `${e.model}: building the '${e.kind}' graph${e.mixed ? ' for rows of several runs' : ''} (first use; a moment)`
+    : `${e.model}: '${e.kind}' graph${e.mixed ? ' for rows of several runs' : ''} ready (${((e.ms ?? 0) / 1000).toFixed(1)} s with its first run)`));
   // Shutdown and reset end the server's log lines with the server, not in the middle of a test's output.
   app.addHook('onClose', async () => {
     unlisten();
