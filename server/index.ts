@@ -9,6 +9,7 @@ import { applyScenario, parseScenario, readScenarioSource, type ScenarioSpec } f
 import { ManualClock } from './core/clock.js';
 import { buildApp } from './app.js';
 import { directUrls } from './http/public-urls.js';
+import { compileSchemasSoon } from './http/validation.js';
 import { basetenUrls } from './proxy/baseten-hosts.js';
 import { defaultCaDir, LocalCa } from './proxy/ca.js';
 import { ForwardProxy } from './proxy/forward-proxy.js';
@@ -175,6 +176,7 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
     : { LOOPS_BASE_URL: publicUrl, BASETEN_API_KEY: apiKey, BASETEN_MANAGEMENT_API_URL_OVERRIDE: publicUrl, HF_ENDPOINT: `${publicUrl}/hf` };
   // After listening: requests that come meanwhile queue behind the warm-up on the engine, as they would behind any step.
   const warming = warmEngines(engines, options.warmModels, app.log);
+  compileSchemasSoon();
   let closed: Promise<void> | undefined;
   return {
     url,
