@@ -652,7 +652,9 @@ export class ModelEngine {
     this.graphRuns.total++;
     if (mixed) this.graphRuns.mixed++;
     const refs = adapters.map((a) => ({ id: a.id, version: a.version, feeds: loraFeeds(this.sites, a) }));
-    const result = await this.runner.run({ kind, merged, heavy, feeds, outputs, adapters: refs, rowAdapters });
+    // Mixed runs come only while several runs or samplers work at once: on sessions released once that is over,
+    // so that the batches' larger buffers do not stay resident after a burst of concurrent work.
+    const result = await this.runner.run({ kind, merged, heavy: heavy || mixed, feeds, outputs, adapters: refs, rowAdapters });
     if (first) this.onGraphBuild?.({ model: this.modelName, kind, mixed, phase: 'done', ms: performance.now() - started });
     if (heavy) this.onLongSequence?.();
     return Object.fromEntries(outputs.map((n) => [n, result[n]!.data as Float32Array]));

@@ -279,7 +279,9 @@ export class GraphRunner {
    */
   private collectSoon(): void {
     const gc = (globalThis as { gc?: () => void }).gc;
-    if (!gc || this.collectTimer) return;
+    if (!gc) return;
+    // Once the burst is over: a collection after every run of a sustained load would cost its thread dearly.
+    if (this.collectTimer) clearTimeout(this.collectTimer);
     this.collectTimer = setTimeout(() => {
       this.collectTimer = null;
       gc();

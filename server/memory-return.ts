@@ -11,7 +11,8 @@ export function collectorAfterReleases(delayMs = 200): () => void {
   if (!gc) return () => undefined;
   let timer: ReturnType<typeof setTimeout> | undefined;
   return () => {
-    if (timer) return;
+    // After the last release of a burst: one collection, not one every delayMs while releases keep coming.
+    if (timer) clearTimeout(timer);
     timer = setTimeout(() => {
       timer = undefined;
       gc();
