@@ -1,6 +1,6 @@
 import { appendFileSync } from 'node:fs';
 import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
-import { EnginePool, findBaseModel, probeDevice, Tokenizers } from '../models/index.js';
+import { EnginePool, findBaseModel, probeDevice, Tokenizers, warmTrainingLoop } from '../models/index.js';
 import { ConfigError, DEFAULTS, liveSettingsOf, type ServerOptions } from './config.js';
 import { LoopsCore } from './core/core.js';
 import { collectorAfterReleases } from './memory-return.js';
@@ -88,6 +88,7 @@ async function warmEngines(engines: EnginePool, models: string[], log: FastifyBa
     const started = performance.now();
     try {
       await engines.get(model).warmUp();
+      await warmTrainingLoop(engines.get(model));
       // Stop strings are matched on decoded text: the decoder is loaded now too, not in a client's first sample.
       engines.sampleCodec(model).decode([0]);
       log.info(`${model}: engine warm (--warm) in ${((performance.now() - started) / 1000).toFixed(1)} s`);

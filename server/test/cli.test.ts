@@ -22,6 +22,8 @@ interface Started {
   listening: () => string;
   /** Everything printed so far. */
   output: () => string;
+  /** Everything logged so far (stderr). */
+  logged: () => string;
   exit: Promise<{ code: number | null; stderr: string }>;
 }
 
@@ -48,7 +50,7 @@ function runCli(args: string[], env: Record<string, string> = {}): Started & { r
   });
   ready.catch(() => {}); // Awaited only by tests that expect the server to start.
   const listening = () => /listening on (\S+?),/.exec(stdout)?.[1] ?? '';
-  return { child, vars, exit, ready, listening, output: () => stdout };
+  return { child, vars, exit, ready, listening, output: () => stdout, logged: () => stderr };
 }
 
 async function call(url: string, key: string, method = 'GET', body?: unknown) {
@@ -197,6 +199,38 @@ describe('the loops-mock command', () => {
       has(/Qwen\/Qwen3\.5-2B: 'forward' graph ready \([\d.]+ s/);
       if (format === 'pretty') expect(lines.find((l) => l.includes('/v1/loops/sessions 200'))).toMatch(/^\d\d:\d\d:\d\d\.\d{3} INFO  POST/);
     }
+  }, 60_000);
+
+  it('--warm builds in the background every graph a train-and-sample loop uses: none is built at a client\'s first steps', async () => {
+    const cli = runCli(['--port', '0', '--log-format', 'pretty']);
+    await cli.ready;
+    const warmed = /Qwen\/Qwen3\.5-2B: engine warm \(--warm\)/;
+    for (let waited = 0; !warmed.test(cli.logged()); waited += 50) {
+      if (waited > 30_000) throw new Error(`no warm-up line:\n${cli.logged()}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    const base = cli.vars.LOOPS_BASE_URL!;
+    const session = (await call(`${base}/v1/loops/sessions`, 'k', 'POST')).body.session.id;
+    const run = (await call(`${base}/v1/loops/runs`, 'k', 'POST', { session_id: session, base_model: 'Qwen/Qwen3.5-2B', lora_rank: 16 })).body.run;
+    const tokens = Array.from({ length: 24 }, (_, i) => 100 + i);
+    const datum = { model_input: { chunks: [{ type: 'encoded_text', tokens }] }, loss_fn_inputs: { target_tokens: { data: tokens.map((t, i) => (i < 20 ? -100 : t + 1)), dtype: 'int64' } } };
+    const op = async (name: string, body: unknown) => {
+      const id = (await call(`${run.base_url}/${name}`, 'k', 'POST', body)).body.operation_id;
+      expect((await call(`${run.base_url}/operations/${id}`, 'k')).body.status).toBe('done');
+    };
+    await op('forward', { data: [datum], loss_fn: 'cross_entropy' });
+    await op('forward_backward', { data: [datum], loss_fn: 'cross_entropy' });
+    await op('optim_step', { adam_params: { learning_rate: 1e-3 } });
+    await op('save_weights_for_sampler', { name: 'warm' });
+    for (const temperature of [0, 1]) {
+      const res = await call(`${run.sampler.base_url}/sample`, 'k', 'POST', { prompt: { chunks: [{ type: 'encoded_text', tokens }] }, num_samples: 2, sampling_params: { max_tokens: 4, temperature } });
+      expect(res.status).toBe(200);
+    }
+    cli.child.kill('SIGTERM');
+    const { stderr } = await cli.exit;
+    const after = stderr.slice(stderr.search(warmed));
+    expect(after.match(/building the '[a-z_]+' graph/g) ?? []).toEqual([]);
+    expect(stderr).not.toMatch(/warming the engine failed/);
   }, 60_000);
 
   it('npm start builds only when a source is newer than the last build', () => {
