@@ -343,8 +343,8 @@ export class ModelEngine {
 
   /**
    * Scoring chunks of one kind in one graph run, from a turn already taken in the engine's queue. One
-   * adapter: its graph, as a call alone would run it. Several (or one adapter's backward chunks from two
-   * calls, whose gradients must stay apart): the mixed-adapter graph, each chunk its own columns.
+   * adapter version (forward chunks of several calls may share one): its graph, as a call alone would run
+   * it. Several: the mixed-adapter graph, each adapter's rows together, its gradients taken back apart.
    */
   private async scoreTogether(arrived: ScoringRequest[]): Promise<ScoringResult[]> {
     const batch = byAdapter(arrived);
