@@ -303,6 +303,11 @@ describe('option parsing', () => {
     expect(parseOptions(['--warm', 'none']).warmModels).toEqual([]);
     expect(parseOptions(['--warm', 'Qwen/Qwen3-8B,Qwen/Qwen3.5-2B']).warmModels).toEqual(['Qwen/Qwen3-8B', 'Qwen/Qwen3.5-2B']);
     expect(() => parseOptions(['--warm', 'Nope/Model'])).toThrow(/--warm: 'Nope\/Model' is not a supported base model \(Qwen\/Qwen3-0.6B, .*\), or 'none'/);
+    // --batch-runs takes on or off (default on), from the flag or LOOPS_MOCK_BATCH_RUNS; anything else names the flag.
+    expect(parseOptions([]).batchRuns).toBe(true);
+    expect(parseOptions(['--batch-runs', 'off']).batchRuns).toBe(false);
+    expect(parseOptions([], { LOOPS_MOCK_BATCH_RUNS: 'off' }).batchRuns).toBe(false);
+    expect(() => parseOptions(['--batch-runs', 'maybe'])).toThrow(/--batch-runs must be on or off, got 'maybe'/);
     expect(() => parseOptions(['--public-url', 'ftp://x'])).toThrow(/http or https/);
     expect(() => parseOptions(['--data-dir'])).toThrow(/needs a value/);
   });
