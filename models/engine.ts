@@ -2,7 +2,7 @@ import { BatchQueue, flushSoon } from './batch-queue.js';
 import { InlineRunner, WorkerRunner, type Runner } from './engine-runner.js';
 import { blockSequence, blocksOf, SequenceCache, type Block } from './blocks.js';
 import { cotangentFeed, feed, fitsOneRun, grownCaches, loraFeeds, ownCotangentFeeds, positionsOf, promptFeeds, rowCache, scoringUnits, sequenceFeeds, stepFeeds, topkRows, unpad, type DecodeRow, type DecodeState, type RowCache, type ScoredSequence, type ScoringLimits } from './feeds.js';
-import { freshAdapter, siteRank, type LoraAdapter } from './lora.js';
+import { freshAdapter, siteRank, versionKey, type LoraAdapter } from './lora.js';
 import { memberGrads } from './side-by-side.js';
 import type { Feed } from './runner-protocol.js';
 import { DECODE_KINDS, DEFAULT_DIMS, loraSites, MIXED_SLOTS, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
@@ -106,13 +106,6 @@ const JOINED_SCORED = 64;
 /** From this many scored positions in one run on, the merged unembedding is cheaper (about the model width). */
 const MERGE_FROM_POSITIONS = 64;
 
-/** How a graph run is made: through the merged unembedding, or with rows of several adapters. */
-interface RunOptions {
-  merged?: boolean;
-  /** Each row's index into the run's adapters (the mixed-adapter graph). */
-  rowAdapters?: number[];
-}
-
 /** The decode graphs: the whole next-token distribution back, a token drawn in the graph, or the most likely one. */
 type StepKind = 'decode' | 'draw' | 'draw_top' | 'draw_nucleus' | 'greedy';
 
@@ -187,6 +180,10 @@ export class ModelEngine {
   /** The scoring graphs' outputs of a block's keys and values, per layer k then v. */
   private readonly blockKv: string[];
   private readonly pastGrads: string[];
+  /** Every LoRA gradient's output name, `grad.<site>.A` / `.B` in site order; and the layer sites', which a mixed-adapter run puts side by side. */
+  private readonly gradNames: string[];
+  private readonly layerSites: LoraSite[];
+  private readonly layerGradNames: string[];
   /** The decode graphs' cache outputs, per layer k then v. */
   private readonly presents: string[];
   /** Graph runs of one engine are serialised: onnxruntime sessions already use every core. */
@@ -234,6 +231,10 @@ export class ModelEngine {
     this.blockLimits = { positions: this.limits.scored, attentionFloats: options.attentionFloatsPerRun ?? 8 * 2 ** 20 };
     this.blockKv = Array.from({ length: this.dims.layers }, (_, l) => [`block_k.${l}`, `block_v.${l}`]).flat();
     this.pastGrads = Array.from({ length: this.dims.layers }, (_, l) => [`grad.past_k.${l}`, `grad.past_v.${l}`]).flat();
+    const gradNames = (sites: LoraSite[]) => sites.flatMap((s) => [`grad.${s.key}.A`, `grad.${s.key}.B`]);
+    this.gradNames = gradNames(this.sites);
+    this.layerSites = this.sites.filter((s) => s.key !== 'lm_head');
+    this.layerGradNames = gradNames(this.layerSites);
     const config = { modelName, dims: this.dims, device: options.device ?? 'cpu', threads: options.threads, packAfterBatchedRows: options.packAfterBatchedRows };
     // onnxruntime is loaded only where graphs run: in the worker, or here on first use when inline.
     this.runner = options.thread === 'inline' ? new InlineRunner(config) : new WorkerRunner(config);
@@ -347,7 +348,8 @@ export class ModelEngine {
    * it. Several: the mixed-adapter graph, each adapter's rows together, its gradients taken back apart.
    */
   private async scoreTogether(arrived: ScoringRequest[]): Promise<ScoringResult[]> {
-    const batch = byAdapter(arrived);
+    // Each adapter version once (a backward batch never holds one twice: see fits), and each row's.
+    const { batch, adapters, slots, rowAdapters } = byAdapter(arrived, (r) => r.seqs.length);
     const { kind } = batch[0]!;
     const seqs = batch.flatMap((r) => r.seqs);
     const feeds = sequenceFeeds(this.dims, seqs);
@@ -355,30 +357,25 @@ export class ModelEngine {
       const T = Math.max(...seqs.map((s) => s.tokens.length));
       Object.assign(feeds, { cotangent: cotangentFeed(seqs, batch.flatMap((r) => r.cotangents!)) }, ownCotangentFeeds(this.dims, seqs.length, T));
     }
-    // Each adapter version once (a backward batch never holds one twice: see fits), and each row's.
-    const { adapters, rowAdapters } = this.rowAdapters(batch.flatMap((r) => r.seqs.map(() => r.adapter)));
-    const grads = !rowAdapters ? this.gradNames : [...this.layerSites.flatMap((s) => [`grad.${s.key}.A`, `grad.${s.key}.B`]), ...adapters.flatMap((_, j) => [`grad.lm_head.A.${j}`, `grad.lm_head.B.${j}`])];
+    const grads = !rowAdapters ? this.gradNames : [...this.layerGradNames, ...adapters.flatMap((_, j) => [`grad.lm_head.A.${j}`, `grad.lm_head.B.${j}`])];
     const outputs = kind === 'backward' ? ['logprobs', ...grads] : ['logprobs'];
-    const scored = feeds.targets!.dims.reduce((p, n) => p * n, 1);
-    const result = await this.runNow(kind, feeds, outputs, adapters, { merged: !rowAdapters && scored >= MERGE_FROM_POSITIONS, rowAdapters });
-    const ranks = (site: LoraSite) => adapters.map((a) => siteRank(a.tensors.get(site.key)!, site));
+    const result = await this.runNow(kind, feeds, outputs, adapters, rowAdapters);
+    // Every layer site has the adapter's rank (SideBySide checks): one site's ranks place every site's columns.
+    const ranks = adapters.map((a) => siteRank(a.tensors.get(this.layerSites[0]!.key)!, this.layerSites[0]!));
     const logprobs = unpad(result.logprobs!, seqs);
-    const results = new Map<ScoringRequest, ScoringResult>();
     let at = 0;
-    for (const r of batch) {
+    const results = batch.map((r, i): ScoringResult => {
       const own = logprobs.slice(at, at + r.seqs.length);
       at += r.seqs.length;
-      if (kind === 'forward' || !rowAdapters) {
-        results.set(r, { logprobs: own, grads: kind === 'forward' ? undefined : result });
-        continue;
-      }
-      const j = adapters.findIndex((a) => versionKey(a) === versionKey(r.adapter));
+      if (kind === 'forward') return { logprobs: own };
+      if (!rowAdapters) return { logprobs: own, grads: result };
+      const j = slots[i]!;
       const ownGrads = memberGrads(this.layerSites, ranks, j, result);
       ownGrads['grad.lm_head.A'] = result[`grad.lm_head.A.${j}`]!;
       ownGrads['grad.lm_head.B'] = result[`grad.lm_head.B.${j}`]!;
-      results.set(r, { logprobs: own, grads: ownGrads });
-    }
-    return arrived.map((r) => results.get(r)!);
+      return { logprobs: own, grads: ownGrads };
+    });
+    return inArrivalOrder(arrived, batch, results);
   }
 
   /**
@@ -393,13 +390,6 @@ export class ModelEngine {
     return attention <= this.blockLimits.attentionFloats && fitsOneRun(seqs, limits);
   }
 
-  private get layerSites(): LoraSite[] {
-    return this.sites.filter((s) => s.key !== 'lm_head');
-  }
-
-  private get gradNames(): string[] {
-    return this.sites.flatMap((s) => [`grad.${s.key}.A`, `grad.${s.key}.B`]);
-  }
 
   /** Adds a run's LoRA gradients into `grads` (by `<site>.A` / `<site>.B`). */
   private addGrads(grads: Map<string, Float32Array>, result: Record<string, Float32Array>): void {
@@ -517,7 +507,7 @@ export class ModelEngine {
   /** Prefills prompts in one graph run, after the cached positions of `state` (one prompt's earlier blocks) or none. */
   private async prefillRows(arrived: PromptRequest[], state: DecodeState | null): Promise<SequenceStart[]> {
     // Each adapter's rows together (a mixed-adapter run needs them so); the answers go back in arrival order.
-    const batch = byAdapter(arrived);
+    const { batch, adapters, rowAdapters } = byAdapter(arrived, () => 1);
     const { kind } = batch[0]!;
     const B = batch.length;
     const P = state?.length ?? 0;
@@ -527,13 +517,10 @@ export class ModelEngine {
     if (kind === 'draw' || cut) feeds.u = feed('float32', Float32Array.from({ length: B * N }, (_, i) => batch[Math.floor(i / N)]!.draws![i % N] ?? 0.5), [B, N]);
     if (cut) Object.assign(feeds, cutFeeds(cut, batch.map((p) => p.cut!.topP)));
     const outputs = kind === 'decode' ? ['logprobs', 'probs'] : ['token', 'token_logprob'];
-    const { adapters, rowAdapters } = this.rowAdapters(batch.map((p) => p.adapter));
-    const result = await this.runNow(kind, feeds, [...outputs, ...this.presents], adapters, { rowAdapters });
+    const result = await this.runNow(kind, feeds, [...outputs, ...this.presents], adapters, rowAdapters);
     const T = feeds.tokens!.dims[1]!;
     const { vocab } = this.dims;
-    const starts = new Map(batch.map((p, b) => [p, b]));
-    return arrived.map((p) => {
-      const b = starts.get(p)!;
+    return inArrivalOrder(arrived, batch, batch.map((p, b) => {
       const cache = { past: this.presents.map((n) => rowCache(this.dims, result[n]!, b, P + T, P + p.tokens.length)), length: P + p.tokens.length };
       if (kind === 'decode') return { logprobs: result.logprobs!.subarray(b * vocab, (b + 1) * vocab), probs: result.probs!.subarray(b * vocab, (b + 1) * vocab), cache };
       const ids = result.token as unknown as BigInt64Array;
@@ -543,7 +530,7 @@ export class ModelEngine {
         return { token: Number(ids[at]!), logprob: result.token_logprob![at]! };
       });
       return { drawn, cache };
-    });
+    }));
   }
 
   /**
@@ -566,7 +553,7 @@ export class ModelEngine {
 
   /** One decode step for the rows of requests of one key, in one graph run; each request gets its rows' steps. */
   private async stepRows(arrived: RowsRequest[]): Promise<RowStep[][]> {
-    const batch = byAdapter(arrived);
+    const { batch, adapters, rowAdapters } = byAdapter(arrived, (r) => r.rows.length);
     const rows = batch.flatMap((r) => r.rows);
     const B = rows.length;
     const { vocab } = this.dims;
@@ -576,45 +563,21 @@ export class ModelEngine {
     if (kind === 'draw' || cut) feeds.u = feed('float32', Float32Array.from(rows, (r) => r.draw!), [B, 1]);
     if (cut) Object.assign(feeds, cutFeeds(cut, batch.flatMap((r) => r.rows.map(() => r.cut!.topP))));
     const drawn = kind !== 'decode';
-    const { adapters, rowAdapters } = this.rowAdapters(batch.flatMap((r) => r.rows.map(() => r.adapter)));
     const outputs = [...(drawn ? ['token', 'token_logprob'] : ['logprobs', 'probs']), ...this.presents];
     // A turn of the engine's queue, as every graph run takes: one graph at a time, in order with training work.
-    const result = await this.inTurn(() => this.runNow(kind, feeds, outputs, adapters, { rowAdapters }));
+    const result = await this.inTurn(() => this.runNow(kind, feeds, outputs, adapters, rowAdapters));
     const caches = grownCaches(this.dims, this.presents.map((n) => result[n]!), rows);
     const steps = caches.map((cache, b): RowStep => {
       if (drawn) return { drawn: { token: Number((result.token as unknown as BigInt64Array)[b]!), logprob: result.token_logprob![b]! }, cache };
       return { logprobs: result.logprobs!.subarray(b * vocab, (b + 1) * vocab), probs: result.probs!.subarray(b * vocab, (b + 1) * vocab), cache };
     });
-    const own = new Map<RowsRequest, RowStep[]>();
     let at = 0;
-    for (const r of batch) {
-      own.set(r, steps.slice(at, at + r.rows.length));
-      at += r.rows.length;
-    }
-    return arrived.map((r) => own.get(r)!);
-  }
-
-  /**
-   * The adapters of a decode batch's rows (`ofRow`: each row's), each version once, and with several each
-   * row's among them: the mixed-adapter graph then decodes samplers' rows in one run whatever their weights.
-   */
-  private rowAdapters(ofRow: LoraAdapter[]): { adapters: LoraAdapter[]; rowAdapters?: number[] } {
-    const slots = new Map<string, number>();
-    const adapters: LoraAdapter[] = [];
-    const rows = ofRow.map((a) => {
-      const key = versionKey(a);
-      if (!slots.has(key)) slots.set(key, adapters.push(a) - 1);
-      return slots.get(key)!;
-    });
-    return { adapters, rowAdapters: adapters.length > 1 ? rows : undefined };
+    return inArrivalOrder(arrived, batch, batch.map((r) => steps.slice(at, (at += r.rows.length))));
   }
 
   private run(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[], adapter: LoraAdapter): Promise<Record<string, Float32Array>> {
     // (topk_indices and token come back as BigInt64Arrays; callers that read them say so.)
-    // Many scored positions: merge LoRA into the unembedding weight first (see GraphOptions).
-    const scored = feeds.targets?.dims.reduce((p, n) => p * n, 1) ?? 0;
-    const merged = !DECODE_KINDS.includes(kind) && scored >= MERGE_FROM_POSITIONS;
-    return this.inTurn(() => this.runNow(kind, feeds, outputs, [adapter], { merged }));
+    return this.inTurn(() => this.runNow(kind, feeds, outputs, [adapter]));
   }
 
   /**
@@ -637,8 +600,10 @@ export class ModelEngine {
   }
 
   /** Runs a graph now: only from a turn already taken in the engine's queue. With `rowAdapters` (each row's index into `adapters`), the mixed-adapter graph. */
-  private async runNow(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[], adapters: LoraAdapter[], how: RunOptions = {}): Promise<Record<string, Float32Array>> {
-    const { merged = false, rowAdapters } = how;
+  private async runNow(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[], adapters: LoraAdapter[], rowAdapters?: number[]): Promise<Record<string, Float32Array>> {
+    // Many scored positions of one adapter: LoRA merged into the unembedding weight first (see GraphOptions).
+    const scored = feeds.targets?.dims.reduce((p, n) => p * n, 1) ?? 0;
+    const merged = !rowAdapters && !DECODE_KINDS.includes(kind) && scored >= MERGE_FROM_POSITIONS;
     // A graph kind's first run builds its session (seconds, on a cold engine): said, for a person waiting on it.
     const mixed = rowAdapters !== undefined;
     const graph = `${kind}${mixed ? ':mixed' : ''}`;
@@ -675,14 +640,31 @@ export class ModelEngine {
 
 
 
-/** The requests with each adapter's together, adapters in order of first arrival (stable within each). */
-function byAdapter<T extends { adapter: LoraAdapter }>(batch: T[]): T[] {
-  const order = [...new Set(batch.map((r) => versionKey(r.adapter)))];
-  return order.flatMap((key) => batch.filter((r) => versionKey(r.adapter) === key));
+/**
+ * A batch's requests with each adapter version's together, versions in order of first arrival (stable within
+ * each): the batch in that order, its adapters, each request's index among them, and with several adapters
+ * each row's (`rowsOf`: a request's rows), as a mixed-adapter run takes them.
+ */
+function byAdapter<T extends { adapter: LoraAdapter }>(arrived: T[], rowsOf: (request: T) => number): { batch: T[]; adapters: LoraAdapter[]; slots: number[]; rowAdapters?: number[] } {
+  const groups = new Map<string, T[]>();
+  for (const r of arrived) {
+    const key = versionKey(r.adapter);
+    const group = groups.get(key);
+    if (group) group.push(r);
+    else groups.set(key, [r]);
+  }
+  const lists = [...groups.values()];
+  const batch = lists.flat();
+  const slots = lists.flatMap((group, j) => group.map(() => j));
+  const rowAdapters = lists.length > 1 ? batch.flatMap((r, i) => Array<number>(rowsOf(r)).fill(slots[i]!)) : undefined;
+  return { batch, adapters: lists.map((group) => group[0]!.adapter), slots, rowAdapters };
 }
 
-/** An adapter version's identity: what the worker caches it under, and what a mixed run gives one slot. */
-const versionKey = (a: LoraAdapter) => `${a.id}:${a.version}`;
+/** Results computed in `batch`'s order (byAdapter), each handed back where its request arrived. */
+function inArrivalOrder<T, R>(arrived: T[], batch: T[], results: R[]): R[] {
+  const at = new Map(batch.map((r, i) => [r, i]));
+  return arrived.map((r) => results[at.get(r)!]!);
+}
 
 /** Which decode graph serves a row: every row of one graph run shares it. */
 function stepKind(r: RowsRequest): StepKind {

@@ -3,6 +3,7 @@ import * as ort from 'onnxruntime-node';
 import { DeviceUnavailableError } from './device-error.js';
 import { LruMap } from './lru.js';
 import { ADAPTER_CACHE_SIZE, AdapterNotCachedError, type AdapterRef, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
+import { versionKey } from './lora.js';
 import { SideBySide, type Member } from './side-by-side.js';
 import { baseWeights, buildGraph, buildMergeGraph, DECODE_KINDS, loraSites, MIXED_SLOTS, type GraphKind, type LoraSite } from './transformer.js';
 
@@ -126,10 +127,10 @@ export class GraphRunner {
     const rows = req.rowAdapters!;
     if (tensors.length > MIXED_SLOTS) throw new Error(`a mixed-adapter run holds at most ${MIXED_SLOTS} adapters, not ${tensors.length}`);
     if (rows.some((j, b) => j < 0 || j >= tensors.length || (b > 0 && j < rows[b - 1]!))) throw new Error('a mixed-adapter run needs each adapter\'s rows together, in the order of its adapters');
-    const key = req.adapters.map((a) => `${a.id}:${a.version}`).join(',');
+    const key = req.adapters.map(versionKey).join(',');
     let layout = this.layouts.get(key);
     if (!layout) {
-      const members = tensors.map((t, j): Member => ({ key: `${j}`, scale: scaleOf(t), tensors: t as unknown as Record<string, Feed> }));
+      const members = tensors.map((t): Member => ({ scale: scaleOf(t), tensors: t as unknown as Record<string, Feed> }));
       layout = layoutOf(new SideBySide(this.layerSites, members));
       this.layouts.set(key, layout);
     }
@@ -265,8 +266,8 @@ export class GraphRunner {
     };
   }
 
-  async warm(kind: GraphKind, mixed = false): Promise<void> {
-    await this.session(kind, false, false, mixed);
+  async warm(kind: GraphKind): Promise<void> {
+    await this.session(kind, false, false);
   }
 
   private collectTimer: ReturnType<typeof setTimeout> | null = null;

@@ -42,6 +42,11 @@ export function adapterOf(rank: number, alpha: number, tensors: Map<string, Lora
 let adapters = 0;
 const newAdapterId = () => `adapter-${process.pid}-${++adapters}`;
 
+/** An adapter version's identity: what an engine's worker caches it under, and what a mixed-adapter run gives one slot. */
+export function versionKey(a: { id: string; version: number }): string {
+  return `${a.id}:${a.version}`;
+}
+
 /** Marks an adapter's tensors as changed in place. */
 export function touchAdapter(a: LoraAdapter): void {
   a.version++;

@@ -8,15 +8,23 @@ import type { LoraSite } from './transformer.js';
  * elsewhere. Every layer site has the adapter's rank, so one `lora_rows` serves them all.
  */
 export interface Member {
-  /** `id:version`: which adapter version these tensors are. */
-  key: string;
   scale: number;
   /** `lora.<site>.A` [in, r] and `lora.<site>.B` [r, out]. */
   tensors: Record<string, Feed>;
 }
 
+/** Where each member's columns start, given each member's rank, and how many there are in all. */
+export function columnsOf(ranks: number[]): { starts: number[]; ranks: number[]; total: number } {
+  const starts: number[] = [];
+  let total = 0;
+  for (const r of ranks) {
+    starts.push(total);
+    total += r;
+  }
+  return { starts, ranks, total };
+}
+
 export class SideBySide {
-  readonly keys: string[];
   readonly tensors: Record<string, Feed> = {};
   private readonly scales: number[];
   /** Each member's first column and rank, and the total. */
@@ -24,10 +32,9 @@ export class SideBySide {
 
   /** `sites`: the layer sites (the unembedding's LoRA is applied per adapter instead). */
   constructor(sites: LoraSite[], members: Member[]) {
-    this.keys = members.map((m) => m.key);
     this.scales = members.map((m) => m.scale);
     const ranks = members.map((m) => m.tensors[`lora.${sites[0]!.key}.A`]!.dims[1]!);
-    this.columns = { ranks, total: ranks.reduce((n, r) => n + r, 0), starts: ranks.map((_, j) => ranks.slice(0, j).reduce((n, r) => n + r, 0)) };
+    this.columns = columnsOf(ranks);
     const { starts, total } = this.columns;
     for (const site of sites) {
       const [a, b] = [`lora.${site.key}.A`, `lora.${site.key}.B`];
@@ -46,10 +53,6 @@ export class SideBySide {
     }
   }
 
-  has(key: string): boolean {
-    return this.keys.includes(key);
-  }
-
   /** The `lora_rows` feed of rows whose adapters are `rowMembers` (indices into the members). */
   rowScales(rowMembers: number[]): Feed {
     const { starts, ranks, total } = this.columns;
@@ -61,16 +64,15 @@ export class SideBySide {
 
 /**
  * One member's LoRA gradients out of a mixed-adapter backward run (`grad.<site>.A` [in, Σr], `.B` [Σr, out],
- * members side by side in order, each of rank `ranks(site)[j]`): its own columns of A and rows of B, copied
- * out under the same names.
+ * members side by side in order, of ranks `ranks`, the same at every layer site): its own columns of A and
+ * rows of B, copied out under the same names.
  */
-export function memberGrads(sites: LoraSite[], ranks: (site: LoraSite) => number[], member: number, result: Record<string, Float32Array>): Record<string, Float32Array> {
+export function memberGrads(sites: LoraSite[], ranks: number[], member: number, result: Record<string, Float32Array>): Record<string, Float32Array> {
+  const { starts, total } = columnsOf(ranks);
+  const start = starts[member]!;
+  const r = ranks[member]!;
   const out: Record<string, Float32Array> = {};
   for (const site of sites) {
-    const all = ranks(site);
-    const start = all.slice(0, member).reduce((n, r) => n + r, 0);
-    const r = all[member]!;
-    const total = all.reduce((n, x) => n + x, 0);
     const gA = result[`grad.${site.key}.A`]!;
     const A = new Float32Array(site.inDim * r);
     for (let i = 0; i < site.inDim; i++) A.set(gA.subarray(i * total + start, i * total + start + r), i * r);
