@@ -1,5 +1,4 @@
-import { keepAliveClient, ok, runOperation, startServerProcess } from './server-process.js';
-import { residentBytes } from './memory.js';
+import { keepAliveClient, ok, residentBytes, runOperation, startServerProcess } from './server-process.js';
 import { figure } from './figures.js';
 
 /**

@@ -1,5 +1,5 @@
-import { readFileSync, writeFileSync } from 'node:fs';
-import { keepAliveClient, runOperation, startServerProcess } from './server-process.js';
+import { writeFileSync } from 'node:fs';
+import { keepAliveClient, residentBytes, runOperation, startServerProcess } from './server-process.js';
 import { figure } from './figures.js';
 
 const MB = 1024 * 1024;
@@ -9,12 +9,6 @@ const PEAK_TARGET_MB = 2048;
 const RETURN_TARGET_MB = 100;
 const LENGTH = 4096;
 
-/** The server's resident memory now (VmRSS), or its peak since the last resetPeak (VmHWM), from /proc (Linux). */
-export function residentBytes(pid: number, which: 'VmRSS' | 'VmHWM' = 'VmRSS'): number {
-  const m = new RegExp(`${which}:\\s+(\\d+) kB`).exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-  if (!m) throw new Error(`no ${which} for process ${pid}`);
-  return Number(m[1]) * 1024;
-}
 
 /** Resets the process's peak resident memory to its current one (clear_refs 5). */
 function resetPeak(pid: number): void {

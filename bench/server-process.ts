@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { spawn } from 'node:child_process';
 import { Agent, request } from 'node:http';
+import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 
@@ -82,4 +83,11 @@ export async function runOperation(client: KeepAliveClient, trainer: string, nam
     if (res.status !== 200 || res.json.status !== 'done') throw new Error(`${name}: ${res.status} ${JSON.stringify(res.json).slice(0, 300)}`);
     return res.json.result;
   }
+}
+
+/** The server's resident memory now (VmRSS), or its peak since the last resetPeak (VmHWM), from /proc (Linux). */
+export function residentBytes(pid: number, which: 'VmRSS' | 'VmHWM' = 'VmRSS'): number {
+  const m = new RegExp(`${which}:\\s+(\\d+) kB`).exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  if (!m) throw new Error(`no ${which} for process ${pid}`);
+  return Number(m[1]) * 1024;
 }

@@ -1,5 +1,4 @@
-import { readFileSync } from 'node:fs';
-import { keepAliveClient, ok, runOperation as op, startServerProcess } from '../bench/server-process.js';
+import { keepAliveClient, ok, residentBytes, runOperation as op, startServerProcess } from '../bench/server-process.js';
 import { MODEL } from './fuzz.js';
 
 /**
@@ -24,11 +23,6 @@ export interface LoadFigures {
   /** Resident memory after the last wave over after the first: at most 1.10. */
   rssGrowth: number;
   failures: string[];
-}
-
-export function residentMb(pid: number): number {
-  const kb = Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]);
-  return kb / 1024;
 }
 
 /** One client's rounds: its own session and run, deactivated at the end. */
@@ -70,7 +64,7 @@ export async function runLoadWaves(root: string, sizes: number[], dataDir: strin
       const seconds = (performance.now() - started) / 1000;
       // Let the last answers' buffers go before reading the figure.
       await new Promise((r) => setTimeout(r, Number(process.env.SOAK_SETTLE_MS ?? 1000)));
-      waves.push({ clients, rounds, errors: errors.length, seconds, rssMb: residentMb(server.pid) });
+      waves.push({ clients, rounds, errors: errors.length, seconds, rssMb: residentBytes(server.pid) / 2 ** 20 });
     }
   } finally {
     server.stop();

@@ -1,7 +1,7 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { startServerProcess } from '../bench/server-process.js';
+import { BENCH_KEY, startServerProcess } from '../bench/server-process.js';
 import { runFuzz, type FuzzFigures } from './fuzz.js';
 import { runKillRestart, type KillFigures } from './kill-restart.js';
 import { runLoadWaves, type LoadFigures } from './load-waves.js';
@@ -29,7 +29,8 @@ export interface SoakReport {
 
 /** Short timeouts, so that a request the server leaves waiting shows as a 408 well within the 30 s hang bound. */
 const SERVER_FLAGS = ['--long-poll-ms', '2000', '--floor-wait-ms', '500', '--headers-timeout-ms', '2000', '--body-timeout-ms', '5000', '--log-level', 'silent'];
-export const SOAK_KEY = 'bench-key';
+/** The key startServerProcess polls with: the soak's main server must accept it. */
+export const SOAK_KEY = BENCH_KEY;
 
 export async function runSoak(options: SoakOptions): Promise<SoakReport> {
   const started = performance.now();

@@ -30,19 +30,20 @@ const uncompiled: (() => void)[] = [];
  */
 export const validatorCompiler: FastifySchemaCompiler<unknown> = ({ schema, httpPart }) => {
   const [ajv, cache] = httpPart === 'body' ? [bodyAjv, compiled.body] : [textAjv, compiled.text];
+  let fn = cache.get(schema as object);
   const compile = (): ValidateFunction => {
-    let once = cache.get(schema as object);
-    if (!once) cache.set(schema as object, (once = ajv.compile(schema as object)));
-    return once;
+    fn ??= cache.get(schema as object);
+    if (!fn) cache.set(schema as object, (fn = ajv.compile(schema as object)));
+    return fn;
   };
   const validate = (data: unknown): boolean => {
-    const once = compile();
+    const once = fn ?? compile();
     const valid = once(data) as boolean;
     validate.errors = once.errors;
     return valid;
   };
   validate.errors = null as ValidateFunction['errors'];
-  uncompiled.push(compile);
+  if (!fn) uncompiled.push(compile);
   return validate as ReturnType<FastifySchemaCompiler<unknown>>;
 };
 
