@@ -407,13 +407,14 @@ export class ModelEngine {
    * keys and values of those before it. Blocks after the last scored
    * position are not run (forward); topk scores every position.
    */
-  private async scoreBlocks(seq: ScoredSequence, adapter: LoraAdapter, kind: 'forward' | 'topk', k = 0): Promise<{ logprobs: Float32Array; top: { ids: number[]; logprobs: number[] }[]; cache: SequenceCache; blocks: Block[] }> {
+  private async scoreBlocks(seq: ScoredSequence, adapter: LoraAdapter, kind: 'forward' | 'topk', k = 0, keysForBackward = false): Promise<{ logprobs: Float32Array; top: { ids: number[]; logprobs: number[] }[]; cache: SequenceCache; blocks: Block[] }> {
     const lastScored = kind === 'topk' ? seq.tokens.length - 1 : Math.max(-1, ...positionsOf(seq));
     const blocks = blocksOf(seq.tokens.length, this.dims.heads, this.blockLimits).filter(([start]) => start <= lastScored);
     const cache = new SequenceCache(this.dims, seq.tokens.length);
     const logprobs = new Float32Array(seq.tokens.length);
     const top: { ids: number[]; logprobs: number[] }[] = [];
-    for (const block of blocks) {
+    // For a backward pass only the keys and values before the last block are needed: no block reads the last one's.
+    for (const block of keysForBackward ? blocks.slice(0, -1) : blocks) {
       const part = blockSequence(seq, block);
       const feeds = sequenceFeeds(this.dims, [part], cache.past(block[0]));
       if (kind === 'topk') feeds.k = feed('int64', BigInt64Array.from([BigInt(k)]), [1]);
@@ -427,13 +428,13 @@ export class ModelEngine {
 
   /**
    * The backward pass of one long sequence: a forward pass through its
-   * blocks for their keys and values, then the blocks in reverse, each
+   * blocks but the last for their keys and values, then the blocks in reverse, each
    * given what later blocks' losses owe to its keys and values and handing
    * on what its own losses owe to earlier ones. Returns the logprobs; adds
    * the LoRA gradients into `grads`.
    */
   private async backwardBlocks(seq: ScoredSequence, adapter: LoraAdapter, cotangent: Float32Array, grads: Map<string, Float32Array>): Promise<Float32Array> {
-    const { logprobs, cache, blocks } = await this.scoreBlocks(seq, adapter, 'forward');
+    const { logprobs, cache, blocks } = await this.scoreBlocks(seq, adapter, 'forward', 0, true);
     const owed = new SequenceCache(this.dims, seq.tokens.length);
     for (const block of [...blocks].reverse()) {
       const [start, end] = block;
@@ -443,7 +444,9 @@ export class ModelEngine {
         cotangent: cotangentFeed([part], [cotangent.subarray(start, end)]),
         ...ownCotangentFeeds(this.dims, 1, end - start, owed.tensors.map((_, i) => owed.read(i, start, end))),
       };
-      const result = await this.run('backward', feeds, [...this.gradNames, ...this.pastGrads], adapter);
+      const result = await this.run('backward', feeds, ['logprobs', ...this.gradNames, ...this.pastGrads], adapter);
+      // The logprobs of every block from its backward run (the last block had no forward run).
+      logprobs.set(unpad(result.logprobs!, [part])[0]!, start);
       this.addGrads(grads, result);
       if (start > 0) this.pastGrads.forEach((name, i) => owed.write(i, 0, result[name]!, true));
     }
