@@ -1,6 +1,7 @@
 import { availableParallelism } from 'node:os';
 import * as ort from 'onnxruntime-node';
 import { DeviceUnavailableError } from './device-error.js';
+import { collectorAfterReleases } from './collect-soon.js';
 import { LruMap } from './lru.js';
 import { ADAPTER_CACHE_SIZE, AdapterNotCachedError, type AdapterRef, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
 import { versionKey } from './lora.js';
@@ -270,25 +271,12 @@ export class GraphRunner {
     await this.session(kind, false, false);
   }
 
-  private collectTimer: ReturnType<typeof setTimeout> | null = null;
-
   /**
    * A long sequence's feeds and results (a block of one, or a decode step's copy of long caches: megabytes a
-   * step) are garbage soon after. Where the runtime exposes gc (the loops-mock command does, see
-   * server/cli.ts), this thread collects shortly after, rather than at some later collection: an idle
-   * engine may not run one for minutes.
+   * step) are garbage soon after: this thread collects shortly after them (after the heavy sessions go),
+   * rather than at some later collection an idle engine may not run for minutes.
    */
-  private collectSoon(): void {
-    const gc = (globalThis as { gc?: () => void }).gc;
-    if (!gc) return;
-    // Once the burst is over: a collection after every run of a sustained load would cost its thread dearly.
-    if (this.collectTimer) clearTimeout(this.collectTimer);
-    this.collectTimer = setTimeout(() => {
-      this.collectTimer = null;
-      gc();
-    }, HEAVY_IDLE_MS + 50);
-    this.collectTimer.unref?.();
-  }
+  private readonly collectSoon = collectorAfterReleases(HEAVY_IDLE_MS + 50);
 
   /** Heavy runs in progress; heavy sessions are released only once none is. */
   private heavyRuns = 0;

@@ -3,7 +3,7 @@ import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
 import { EnginePool, findBaseModel, probeDevice, Tokenizers, warmTrainingLoop } from '../models/index.js';
 import { ConfigError, DEFAULTS, liveSettingsOf, type ServerOptions } from './config.js';
 import { LoopsCore } from './core/core.js';
-import { collectorAfterReleases } from './memory-return.js';
+import { collectorAfterReleases } from '../models/collect-soon.js';
 import type { Clock } from './core/clock.js';
 import { applyScenario, parseScenario, readScenarioSource, type ScenarioSpec } from './admin/scenario.js';
 import { ManualClock } from './core/clock.js';
@@ -133,7 +133,7 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
     journalDetail: options.journalDetail,
     faultSeed: options.faultSeed,
   });
-  // Deactivated runs and long sequences leave megabytes of garbage: collected soon after (memory-return.ts).
+  // Deactivated runs and long sequences leave megabytes of garbage: collected soon after (models/collect-soon.ts).
   const collect = collectorAfterReleases();
   core.fleet.onRunStopped(collect);
   const unlistenLong = engines.onLongSequence(collect);

@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { spawn } from 'node:child_process';
-import { collectorAfterReleases } from '../memory-return.js';
+import { collectorAfterReleases } from '../../models/collect-soon.js';
 import { REPO_ROOT } from './helpers.js';
 
 const g = globalThis as { gc?: () => void };
@@ -11,10 +11,10 @@ const saved = g.gc;
 afterEach(() => { g.gc = saved; });
 
 describe('memory back to the system', () => {
-  it('collects once, shortly after a burst of runs stopping (after its last release), where gc is exposed; does nothing where it is not', async () => {
+  it('collects once, shortly after a burst of runs stopping, and under a sustained load at most once a gap; where gc is exposed; does nothing where it is not', async () => {
     let collections = 0;
     g.gc = () => { collections++; };
-    const collect = collectorAfterReleases(50);
+    const collect = collectorAfterReleases(50, 100);
     for (let i = 0; i < 20; i++) collect();
     expect(collections).toBe(0);
     await new Promise((r) => setTimeout(r, 120));
@@ -22,14 +22,22 @@ describe('memory back to the system', () => {
     collect();
     await new Promise((r) => setTimeout(r, 120));
     expect(collections).toBe(2);
-    // Releases that keep coming put the collection off until they stop: not one every 50 ms under load.
-    for (let i = 0; i < 5; i++) {
-      collect();
+    // Releases that keep coming (every 25 ms for 400 ms): a collection per 150 ms gap at most, not one every
+    // 50 ms; and the last one after the last release.
+    const times: number[] = [];
+    g.gc = () => { times.push(performance.now()); };
+    const slow = collectorAfterReleases(50, 150);
+    let lastRelease = 0;
+    for (let i = 0; i < 16; i++) {
+      slow();
+      lastRelease = performance.now();
       await new Promise((r) => setTimeout(r, 25));
     }
-    expect(collections).toBe(2);
-    await new Promise((r) => setTimeout(r, 120));
-    expect(collections).toBe(3);
+    await new Promise((r) => setTimeout(r, 250));
+    expect(times.length).toBeGreaterThanOrEqual(2);
+    expect(times.length).toBeLessThanOrEqual(4);
+    for (let i = 1; i < times.length; i++) expect(times[i]! - times[i - 1]!).toBeGreaterThanOrEqual(140);
+    expect(times.at(-1)!).toBeGreaterThan(lastRelease);
     delete g.gc;
     expect(() => collectorAfterReleases(1)()).not.toThrow();
   });
