@@ -44,7 +44,8 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
   // The graph applies the temperature (greedy: none).
   const invT = params.temperature === 0 ? 1 : 1 / params.temperature;
   // The graph draws every token itself: greedy, by the inverse CDF (no cut), among the sorted top-k candidates
-  // (draw_top), or from the nucleus found by bucketing the probabilities (draw_nucleus). Only the tokens cross
+  // (draw_top), or from the top_p nucleus (draw_nucleus: the plain draw, redrawn inside the nucleus when it
+  // falls outside). Only the tokens cross
   // back, not two vocabulary-sized arrays per row. Their uniform numbers come from the request's generator,
   // one per token as chooseToken (the same draws in JavaScript, by definition) takes them: a seed fixes the tokens.
   const topK = params.top_k > 0 && params.top_k < engine.dims.vocab;
@@ -120,27 +121,55 @@ function topPOf(candidates: number[], probs: Float32Array, topP: number): number
   return candidates.slice(0, cut + 1);
 }
 
-/**
- * Draws from the smallest set of most likely tokens whose mass reaches
- * `topP`, without sorting the vocabulary: probabilities are bucketed by the
- * top bits of their float32 pattern (order-preserving for positive floats,
- * 1/16 of an octave per bucket), whole buckets are taken from the top; the
- * bucket where the mass crosses `topP` is split again on the next 13 bits,
- * and only that finer bucket is sorted. The draw scans tokens in index order.
- */
-/** Scratch buffers of drawNucleus, grown to the vocabulary once: sampling runs on one thread, one call at a time. */
+/** Scratch buffers of nucleusOf, grown to the vocabulary once: sampling runs on one thread, one call at a time. */
 let edgeScratch = new Int32Array(0);
 let markScratch = new Uint8Array(0);
+const BUCKETS = 1 << 13;
+const coarseScratch = new Float64Array(BUCKETS);
+const fineScratch = new Float64Array(BUCKETS);
 
+/**
+ * Draws from the smallest set of most likely tokens whose mass reaches `topP` (the lower id first on ties),
+ * by the rule the decode graph follows (drawNucleusTokens): a token drawn from the whole distribution at u
+ * stays if it is in the nucleus; otherwise the nucleus is drawn from, in id order, at u′ = u's place in the
+ * running sum among the tokens outside it, as a fraction of their mass (uniform again, given where u fell).
+ */
 function drawNucleus(probs: Float32Array, topP: number, rng: Prng): number {
+  const { inside, total, kept } = nucleusOf(probs, topP);
+  const V = probs.length;
+  const t = rng.next() * total;
+  let run = 0;
+  let keptBefore = 0;
+  let first = V - 1;
+  for (let v = 0; v < V; v++) {
+    if ((run += probs[v]!) > t) { first = v; break; }
+    if (inside(v)) keptBefore += probs[v]!;
+  }
+  if (inside(first)) return first;
+  let u = ((t - keptBefore) / (total - kept)) * kept;
+  let last = first;
+  for (let v = 0; v < V; v++) {
+    if (!inside(v)) continue;
+    last = v;
+    if ((u -= probs[v]!) < 0) return v;
+  }
+  return last;
+}
+
+/**
+ * The nucleus of `probs` at `topP`, without sorting the vocabulary: probabilities are bucketed by the top
+ * bits of their float32 pattern (order-preserving for positive floats, 1/16 of an octave per bucket), whole
+ * buckets are taken from the top; the bucket where the mass crosses `topP` is split again on the next 13
+ * bits, and that finer bucket on the last 5, whose crossing bucket holds equal probabilities only.
+ */
+function nucleusOf(probs: Float32Array, topP: number): { inside: (v: number) => boolean; total: number; kept: number } {
   const V = probs.length;
   const bits = new Int32Array(probs.buffer, probs.byteOffset, V);
   if (edgeScratch.length < V) {
     edgeScratch = new Int32Array(V);
     markScratch = new Uint8Array(V);
   }
-  const BUCKETS = 1 << 13;
-  const mass = new Float64Array(BUCKETS);
+  const mass = coarseScratch.fill(0);
   let total = 0;
   for (let v = 0; v < V; v++) {
     mass[bits[v]! >>> 18]! += probs[v]!;
@@ -154,7 +183,7 @@ function drawNucleus(probs: Float32Array, topP: number, rng: Prng): number {
   // (an untrained model) puts tens of thousands of tokens in it: typed arrays, no Sets, no sort.
   const edge = edgeScratch;
   let edgeLength = 0;
-  const fine = new Float64Array(BUCKETS);
+  const fine = fineScratch.fill(0);
   for (let v = 0; v < V; v++) {
     if (bits[v]! >>> 18 === crossing) {
       edge[edgeLength++] = v;
@@ -185,16 +214,11 @@ function drawNucleus(probs: Float32Array, topP: number, rng: Prng): number {
       kept += probs[v]!;
     }
   }
-  let u = rng.next() * kept;
-  let last = edgeLength ? edge[0]! : 0;
-  for (let v = 0; v < V; v++) {
+  const inside = (v: number) => {
     const b = bits[v]! >>> 18;
-    if (b > crossing || (b === crossing && inEdge[v] === 1)) {
-      last = v;
-      if ((u -= probs[v]!) < 0) return v;
-    }
-  }
-  return last;
+    return b > crossing || (b === crossing && inEdge[v] === 1);
+  };
+  return { inside, total, kept };
 }
 
 function topKIndices(logp: Float32Array, k: number): number[] {

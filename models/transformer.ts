@@ -301,18 +301,16 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
  */
 function drawTokens(g: GraphBuilder, logits: Sym, u: Sym, vocab: number): { token: Sym; logprob: Sym } {
   const probs = g.softmax(logits);
-  const token = inverseCdf(g, probs, u, vocab);
+  const { token } = inverseCdf(g, probs, u, vocab);
   return { token, logprob: g.log(g.gatherElements(probs, token, 1)) };
 }
 
-/** The token ([B, N]) at each u·mass of `probs` ([B, vocab], unnormalised), the running sum taken in two levels. */
-function inverseCdf(g: GraphBuilder, probs: Sym, u: Sym, vocab: number): Sym {
-  const { size: S, count: G } = drawBlocks(vocab);
-  const flat = G * S > vocab ? g.padEnd(probs, [0, G * S - vocab], ['B', G * S]) : probs;
-  const blocks = g.reshape(flat, [0, G, S], ['B', G, S]);
-  const blockMass = g.reduceSum(blocks, [2], false);
+/** The token ([B, N]) at each u·mass of `probs` ([B, vocab], unnormalised), the running sum taken in two levels; and that mass ([B, 1]). */
+function inverseCdf(g: GraphBuilder, probs: Sym, u: Sym, vocab: number): { token: Sym; total: Sym } {
+  const { blocks, blockMass, size: S, count: G } = inBlocks(g, probs, vocab);
   const blockCum = g.cumsum(blockMass, 1);
-  const target = g.mul(u, g.gather(blockCum, g.constI([G - 1]), 1));
+  const total = g.gather(blockCum, g.constI([G - 1]), 1);
+  const target = g.mul(u, total);
   // The first index whose running sum passes t ([B, N, 1]): the count of those at or below it. Indices at the
   // running sum's final value are never counted, so rounding at u ≈ 1 cannot pick a zero-probability block or token.
   const firstPast = (cum: Sym, t: Sym, n: number) => {
@@ -323,7 +321,25 @@ function inverseCdf(g: GraphBuilder, probs: Sym, u: Sym, vocab: number): Sym {
   const before = g.sub(g.gatherElements(blockCum, block, 1), g.gatherElements(blockMass, block, 1));
   const inBlock = g.cumsum(g.gatherRows(blocks, g.unsqueeze(block, [2])), 2);
   const offset = firstPast(inBlock, g.unsqueeze(g.sub(target, before), [2]), S);
-  return g.add(g.mul(block, g.constI([S])), offset);
+  return { token: g.add(g.mul(block, g.constI([S])), offset), total };
+}
+
+/** `x` ([B, vocab]) cut into the draw's blocks ([B, G, S], the last padded where need be), and each block's sum. */
+function inBlocks(g: GraphBuilder, x: Sym, vocab: number): { blocks: Sym; blockMass: Sym; size: number; count: number } {
+  const { size, count } = drawBlocks(vocab);
+  const rows = x.shape[0]!;
+  const flat = count * size > vocab ? g.padEnd(x, [0, count * size - vocab], [rows, count * size]) : x;
+  const blocks = g.reshape(flat, [0, count, size], [rows, count, size]);
+  return { blocks, blockMass: g.reduceSum(blocks, [2], false), size, count };
+}
+
+/** Σ x[j] over the ids j before each of `at` ([B, N]), by the draw's two levels: the blocks before, then within its block. */
+function sumBefore(g: GraphBuilder, x: Sym, at: Sym, vocab: number): Sym {
+  const { blocks, blockMass, size: S } = inBlocks(g, x, vocab);
+  const block = g.div(at, g.constI([S]));
+  const offset = g.sub(at, g.mul(block, g.constI([S])));
+  const within = g.gatherElements(g.cumsumBefore(g.gatherRows(blocks, g.unsqueeze(block, [2])), 2), g.unsqueeze(offset, [2]), 2);
+  return g.add(g.gatherElements(g.cumsumBefore(blockMass, 1), block, 1), g.reshape(within, [0, -1], at.shape));
 }
 
 /**
@@ -334,18 +350,48 @@ const NUCLEUS_BUCKETS = 16384;
 
 /**
  * Draws N tokens per row from its nucleus: the fewest most likely tokens (the lower id first on ties) whose
- * mass reaches `topP` ([B, 1]) of the whole. No sort of the vocabulary: the probabilities are bucketed by
- * their logarithm (order-preserving), whole buckets are taken from the top while their mass stays short,
- * and only the bucket where it crosses `topP` is sorted (TopK, ties in id order) to find how many of its
- * tokens are in. An untrained model's nucleus at 0.95 holds most of the vocabulary, so a top-k first
- * cannot do. The draw itself is the inverse CDF of the kept probabilities in id order, as the sampler's
- * own; the logprob is under the whole distribution.
+ * mass reaches `topP` ([B, 1]) of the whole; the logprob is under the whole distribution.
+ *
+ * A token is first drawn from the whole distribution, as without a cut (inverse CDF at u). If the tokens at
+ * least as likely as it, itself aside, hold less than top_p of the mass, it is in the nucleus whatever the
+ * order of ties, and it is the draw: one pass over the vocabulary more than the plain draw. Only the rows of
+ * the other draws (about 1 − top_p of them) find their nucleus (an If on whether any row needs it; nucleusOf)
+ * to settle them: a drawn token inside stays; one outside is drawn again from the nucleus, in id order, at
+ * u′ = u's place in the running sum among the tokens outside it, as a fraction of their mass. Given the first
+ * token fell outside, u′ is uniform, so every draw follows the nucleus's distribution exactly.
  */
 function drawNucleusTokens(g: GraphBuilder, logits: Sym, u: Sym, topP: Sym, vocab: number): { token: Sym; logprob: Sym } {
+  const probs = g.softmax(logits);
+  const { token: drawn, total } = inverseCdf(g, probs, u, vocab);
+  const drawnP = g.gatherElements(probs, drawn, 1);
+  const all = g.unsqueeze(probs, [1]);
+  const atLeast = g.reduceSum(g.mul(g.cast(g.greaterOrEqual(all, g.unsqueeze(drawnP, [2])), 'float32'), all), [2], false);
+  const target = g.mul(topP, total);
+  const surelyIn = g.less(g.sub(atLeast, drawnP), target);
+  const rowSettled = g.reduceMin(g.cast(surelyIn, 'float32'), [1]);
+  const [token] = g.ifElse(g.less(g.reduceMin(rowSettled, [0]), g.scalar(1)), (b) => {
+    const rows = b.indicesOf(b.less(rowSettled, b.scalar(1)), 'F');
+    const [P, U, first, inside, cut, mass] = [probs, u, drawn, surelyIn, topP, total].map((x) => b.gather(x, rows, 0));
+    const kept = nucleusOf(b, P!, cut!);
+    const keptMass = b.reduceSum(kept, [1], true);
+    const place = b.sub(b.mul(U!, mass!), sumBefore(b, kept, first!, vocab));
+    const again = inverseCdf(b, kept, b.div(place, b.sub(mass!, keptMass)), vocab).token;
+    const stays = b.or(inside!, b.greater(b.gatherElements(kept, first!, 1), b.scalar(0)));
+    return [b.scatterRows(drawn, rows, b.where(stays, first!, again))];
+  }, () => [drawn]);
+  return { token: token!, logprob: g.log(g.gatherElements(probs, token!, 1)) };
+}
+
+/**
+ * Each row's nucleus ([B, vocab]: its probabilities inside, 0 outside). No sort of the vocabulary: the
+ * probabilities are bucketed by their logarithm (order-preserving), whole buckets are taken from the top
+ * while their mass stays short, and only the bucket where it crosses `topP` is sorted (TopK, ties in id
+ * order) to find how many of its tokens are in. An untrained model's nucleus at 0.95 holds most of the
+ * vocabulary, so a top-k first cannot do.
+ */
+function nucleusOf(g: GraphBuilder, probs: Sym, topP: Sym): Sym {
   const NB = NUCLEUS_BUCKETS;
-  const logp = g.logSoftmax(logits);
-  const probs = g.exp(logp);
-  const bucket = g.cast(g.max(g.floor(g.add(g.mul(logp, g.scalar(NUCLEUS_BUCKETS / 128 / Math.LN2)), g.scalar(NB - 1))), g.scalar(0)), 'int64');
+  const bucket = g.cast(g.max(g.floor(g.add(g.mul(g.log(probs), g.scalar(NB / 128 / Math.LN2)), g.scalar(NB - 1))), g.scalar(0)), 'int64');
   const zeros = g.mul(g.gather(probs, g.constI([0]), 1), g.constF(new Float32Array(NB), [1, NB]));
   const mass = g.scatterElements(zeros, bucket, probs, 1, 'add');
   const target = g.mul(topP, g.reduceSum(mass, [1], true));
@@ -364,9 +410,7 @@ function drawNucleusTokens(g: GraphBuilder, logits: Sym, u: Sym, topP: Sym, voca
   const before = g.sub(g.add(above, g.cumsum(edgeProbs, 1)), edgeProbs);
   const taken = g.cast(g.and(real, g.less(before, target)), 'float32');
   const edgeKept = g.scatterElements(g.mul(probs, g.scalar(0)), ids, taken, 1);
-  const kept = g.where(g.greater(bucket, crossing), probs, g.mul(probs, edgeKept));
-  const token = inverseCdf(g, kept, u, vocab);
-  return { token, logprob: g.gatherElements(logp, token, 1) };
+  return g.where(g.greater(bucket, crossing), probs, g.mul(probs, edgeKept));
 }
 
 /**

@@ -24,8 +24,8 @@ export interface GraphNode {
   attrs: Record<string, Attr>;
 }
 
-/** Node attributes: ints, int lists, or strings. */
-export type Attr = number | number[] | string;
+/** Node attributes: ints, int lists, strings, or a subgraph (If's branches). */
+export type Attr = number | number[] | string | GraphBuilder;
 
 const ELEM_TYPE: Record<DType, number> = { float32: 1, int64: 7, bool: 9 };
 
@@ -36,10 +36,11 @@ export class GraphBuilder {
   private readonly initializers: { sym: Sym; data: Float32Array | BigInt64Array }[] = [];
   private nextId = 0;
 
-  constructor(readonly name: string) {}
+  /** `parent`: the graph a branch belongs to; its values are read by name, so every value of both takes one id sequence. */
+  constructor(readonly name: string, private readonly parent: GraphBuilder | null = null) {}
 
   private sym(shape: Dim[], dtype: DType, name?: string): Sym {
-    const id = this.nextId++;
+    const id = this.parent ? this.parent.sym([], dtype).id : this.nextId++;
     return { id, name: name ?? `t${id}`, shape, dtype };
   }
 
@@ -160,10 +161,17 @@ export class GraphBuilder {
 
   /** Running sum along `axis` (inclusive); `reverse`: from the end. */
   cumsum(x: Sym, axis: number, reverse = false): Sym { return this.node('CumSum', [x, this.constI([axis], [])], x.shape, x.dtype, reverse ? { reverse: 1 } : {}); }
+  /** Running sum along `axis` of what comes before each element (0 first). */
+  cumsumBefore(x: Sym, axis: number): Sym { return this.node('CumSum', [x, this.constI([axis], [])], x.shape, x.dtype, { exclusive: 1 }); }
   floor(x: Sym): Sym { return this.node('Floor', [x], x.shape); }
   max(a: Sym, b: Sym): Sym { return this.node('Max', [a, b], broadcast(a.shape, b.shape)); }
   equal(a: Sym, b: Sym): Sym { return this.node('Equal', [a, b], broadcast(a.shape, b.shape), 'bool'); }
   greater(a: Sym, b: Sym): Sym { return this.node('Greater', [a, b], broadcast(a.shape, b.shape), 'bool'); }
+  greaterOrEqual(a: Sym, b: Sym): Sym { return this.node('GreaterOrEqual', [a, b], broadcast(a.shape, b.shape), 'bool'); }
+  or(a: Sym, b: Sym): Sym { return this.node('Or', [a, b], broadcast(a.shape, b.shape), 'bool'); }
+  not(x: Sym): Sym { return this.node('Not', [x], x.shape, 'bool'); }
+  /** The smallest value over `axes`, those axes dropped. */
+  reduceMin(x: Sym, axes: number[]): Sym { return this.node('ReduceMin', [x], reduced(x.shape, axes, false), x.dtype, { axes, keepdims: 0 }); }
   /** The largest value over `axes`, those axes dropped. */
   reduceMax(x: Sym, axes: number[]): Sym { return this.node('ReduceMax', [x], reduced(x.shape, axes, false), x.dtype, { axes, keepdims: 0 }); }
   /** Index of the first largest value along `axis`, kept as a size-1 axis. */
@@ -209,6 +217,36 @@ export class GraphBuilder {
     return this.node('ScatterElements', [into, indices, updates], into.shape, into.dtype, { axis, reduction });
   }
 
+  /** The indices where a one-axis `mask` is true ([n]). */
+  indicesOf(mask: Sym, n: Dim): Sym {
+    return this.reshape(this.node('NonZero', [mask], [1, n], 'int64'), [-1], [n]);
+  }
+
+  /** A copy of `into` with its rows (axis 0) `rows` ([n]) replaced by `updates` ([n, ...]). */
+  scatterRows(into: Sym, rows: Sym, updates: Sym): Sym {
+    return this.node('ScatterND', [into, this.unsqueeze(rows, [1]), updates], into.shape);
+  }
+
+  /**
+   * ONNX If on a scalar bool: each branch builds a subgraph, reading this graph's values freely, and returns
+   * its results; the If's results are the taken branch's, one for one (shapes and types of `then`'s).
+   */
+  ifElse(cond: Sym, then: (branch: GraphBuilder) => Sym[], otherwise: (branch: GraphBuilder) => Sym[]): Sym[] {
+    const at = this.nodes.length;
+    const branch = (name: string, build: (b: GraphBuilder) => Sym[]) => {
+      const b = new GraphBuilder(`${this.name}.if${at}.${name}`, this);
+      const results = build(b);
+      results.forEach((r, i) => b.output(r, `${b.name}.result${i}`));
+      return { b, results };
+    };
+    const yes = branch('then', then);
+    const no = branch('else', otherwise);
+    if (yes.results.length !== no.results.length) throw new Error('If branches must give as many results');
+    const outputs = yes.results.map((r) => this.sym(r.shape, r.dtype));
+    this.nodes.push({ op: 'If', inputs: [cond], outputs, attrs: { then_branch: yes.b, else_branch: no.b } });
+    return outputs;
+  }
+
   /** The k largest values along the last axis and their indices (k: an int64 [1] tensor). */
   topk(x: Sym, k: Sym): [Sym, Sym] {
     const shape = [...x.shape.slice(0, -1), 'k'];
@@ -237,17 +275,23 @@ export class GraphBuilder {
 
   /** Serialises the graph as an ONNX model (opset 17). */
   toOnnx(): Uint8Array {
+    const model = onnx.ModelProto.create({ irVersion: 8, producerName: 'loops-mock', opsetImport: [{ domain: '', version: 17 }], graph: this.graphProto() });
+    return onnx.ModelProto.encode(model).finish() as Uint8Array;
+  }
+
+  private graphProto(): unknown {
     const valueInfo = (s: Sym) => onnx.ValueInfoProto.create({
       name: s.name,
       type: { tensorType: { elemType: ELEM_TYPE[s.dtype], shape: { dim: s.shape.map((d) => (typeof d === 'number' ? { dimValue: d } : { dimParam: d })) } } },
     });
     const attribute = (name: string, v: Attr) =>
-      typeof v === 'string' ? onnx.AttributeProto.create({ name, type: 3, s: Buffer.from(v) })
-        : Array.isArray(v) ? onnx.AttributeProto.create({ name, type: 7, ints: v }) : onnx.AttributeProto.create({ name, type: 2, i: v });
-    const graph = onnx.GraphProto.create({
+      v instanceof GraphBuilder ? onnx.AttributeProto.create({ name, type: 5, g: v.graphProto() })
+        : typeof v === 'string' ? onnx.AttributeProto.create({ name, type: 3, s: Buffer.from(v) })
+          : Array.isArray(v) ? onnx.AttributeProto.create({ name, type: 7, ints: v }) : onnx.AttributeProto.create({ name, type: 2, i: v });
+    return onnx.GraphProto.create({
       name: this.name,
       node: this.nodes.map((n, i) => onnx.NodeProto.create({
-        name: `${n.op}_${i}`, opType: n.op, input: n.inputs.map((s) => s.name), output: n.outputs.map((s) => s.name),
+        name: `${this.parent ? `${this.name}.` : ''}${n.op}_${i}`, opType: n.op, input: n.inputs.map((s) => s.name), output: n.outputs.map((s) => s.name),
         attribute: Object.entries(n.attrs).map(([k, v]) => attribute(k, v)),
       })),
       input: this.inputs.map(valueInfo),
@@ -257,8 +301,6 @@ export class GraphBuilder {
         rawData: new Uint8Array(data.buffer, data.byteOffset, data.byteLength),
       })),
     });
-    const model = onnx.ModelProto.create({ irVersion: 8, producerName: 'loops-mock', opsetImport: [{ domain: '', version: 17 }], graph });
-    return onnx.ModelProto.encode(model).finish() as Uint8Array;
   }
 }
 

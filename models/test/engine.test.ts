@@ -127,7 +127,7 @@ describe('sampling', () => {
     }
   });
 
-  it('draws in the graph with a top-k or top-p cut: only kept candidates, at the inverse CDF of the definition', async () => {
+  it('draws in the graph with a top-k or top-p cut: only kept candidates, each where the draw by definition puts it', async () => {
     const prime = new ModelEngine('draw-cut-check', 1009, { dims: { dModel: 16, heads: 2, ffn: 16, layers: 1 }, thread: 'inline' });
     try {
       for (const [e, adapter] of [[engine, perturbedTrainer(4).adapter], [prime, freshAdapter(prime.sites, 4, 8, 2)]] as const) {
@@ -150,21 +150,41 @@ describe('sampling', () => {
               if ((mass += probs[v]!) >= cut.topP * total) break;
             }
             const drawOrder = cut.topK ? kept : [...kept].sort((a, b) => a - b);
+            const keptSet = new Set(kept);
+            // Where a draw at u must fall, by the sampler's rule: a top-k draw is u·mass into the sorted kept candidates.
+            // A nucleus draw takes the token at u of the whole distribution if it is kept, and else draws again in the
+            // kept ones, in id order, at u's place among the tokens outside, as a fraction of their mass.
+            const place = (u: number): { order: number[]; at: number; kept: boolean } => {
+              if (cut.topK) return { order: drawOrder, at: u * mass, kept: true };
+              const whole = probs.reduce((sum, q) => sum + q, 0);
+              let run = 0;
+              let keptBefore = 0;
+              let first = 0;
+              for (; first < probs.length - 1 && run + probs[first]! <= u * whole; first++) {
+                run += probs[first]!;
+                if (keptSet.has(first)) keptBefore += probs[first]!;
+              }
+              if (keptSet.has(first)) return { order: Array.from(probs.keys()), at: u * whole, kept: true };
+              return { order: drawOrder, at: ((u * whole - keptBefore) / (whole - mass)) * mass, kept: false };
+            };
             // The shared engine's distribution is near-uniform (an untrained 151,669-token model): where the cut falls
             // between probabilities equal to float32 rounding, only membership is checked, to that rounding. The small
             // engine's draws are checked exactly, their place in the running sum included.
             const exact = e === prime;
             const edge = probs[kept.at(-1)!]!;
+            let redrawn = 0;
             const check = (token: number, logprob: number, u: number) => {
               const label = `token ${token} (top_k ${cut.topK}, top_p ${cut.topP})`;
               if (!exact) {
                 expect(probs[token]!, `${label} is below the kept candidates`).toBeGreaterThanOrEqual(edge * (1 - 1e-5));
               } else {
-                const at = drawOrder.indexOf(token);
-                expect(at, `${label} is not among the kept candidates`).toBeGreaterThanOrEqual(0);
-                const before = drawOrder.slice(0, at).reduce((sum, v) => sum + probs[v]!, 0);
-                expect(before - 1e-5).toBeLessThanOrEqual(u * mass);
-                expect(before + probs[token]! + 1e-5).toBeGreaterThanOrEqual(u * mass);
+                expect(keptSet.has(token), `${label} is not among the kept candidates`).toBe(true);
+                const { order, at: t, kept: stayed } = place(u);
+                if (!stayed) redrawn++;
+                const at = order.indexOf(token);
+                const before = order.slice(0, at).reduce((sum, v) => sum + probs[v]!, 0);
+                expect(before - 1e-5, label).toBeLessThanOrEqual(t);
+                expect(before + probs[token]! + 1e-5, label).toBeGreaterThanOrEqual(t);
               }
               expect(Math.abs(logprob - logprobs[token]!)).toBeLessThan(1e-5);
             };
@@ -179,6 +199,8 @@ describe('sampling', () => {
             ]);
             mine.forEach((step, i) => check(step.drawn!.token, step.drawn!.logprob, us[i]!));
             expect(probs[other[0]!.drawn!.token]!).toBeGreaterThanOrEqual(probs[candidates.at(-1)!]! * (1 - 1e-5));
+            // The small nucleus cuts leave much of the mass out: some draws of those have gone through the redraw.
+            if (exact && !cut.topK && cut.topP <= 0.5) expect(redrawn, `draws redrawn at top_p ${cut.topP}`).toBeGreaterThan(0);
           }
         }
       }

@@ -43,3 +43,30 @@ describe('top-p sampling', () => {
     }
   });
 });
+
+describe('the top-p draw by definition', () => {
+  it('gives each token of the nucleus exactly its share p / (nucleus mass) of the uniform numbers, and none outside', () => {
+    // Every u of a fine grid drawn once: a token's count / n is the measure of the u that give it. A draw kept when it
+    // falls inside, and otherwise redrawn at u's place among the outside tokens, must give each token p / M.
+    const n = 30_000;
+    let i = 0;
+    const grid = { next: () => (i++ + 0.5) / n } as unknown as Prng;
+    // Peaked, with ties at several places (pairs of equal probabilities), ids of the likely ones scattered.
+    const raw = new Float32Array(300).map((_, v) => Math.exp(-((v * 37) % 300) / 30));
+    for (let v = 0; v + 1 < raw.length; v += 11) raw[v + 1] = raw[v]!;
+    const total = raw.reduce((s, x) => s + x, 0);
+    const probs = raw.map((x) => x / total);
+    const logprobs = probs.map((p) => Math.log(p));
+    for (const topP of [0.2, 0.6, 0.95]) {
+      const nucleus = bruteForceNucleus(probs, topP);
+      const mass = [...nucleus].reduce((s, v) => s + probs[v]!, 0);
+      const counts = new Float64Array(probs.length);
+      i = 0;
+      for (let k = 0; k < n; k++) counts[chooseToken(logprobs, probs, { ...SAMPLING_DEFAULTS, temperature: 1, top_p: topP, stop: [] }, grid)[0]]! += 1;
+      for (let v = 0; v < probs.length; v++) {
+        const expected = nucleus.has(v) ? probs[v]! / mass : 0;
+        expect(Math.abs(counts[v]! / n - expected), `token ${v} at top_p ${topP}`).toBeLessThan(2.5 / n);
+      }
+    }
+  });
+});
