@@ -127,6 +127,8 @@ interface PromptRequest {
   invTemperature: number;
   kind: StepKind;
   draws: number[] | null;
+  /** A top_p draw's second uniform numbers, one per draw (see DecodeRow.retry). */
+  retries: number[] | null;
   cut: TopCut | null;
 }
 
@@ -473,12 +475,14 @@ export class ModelEngine {
    * with `draws`, the graph draws `draws.length` tokens itself, one per
    * uniform number (negative: the most likely token, for every draw), and
    * only they and their logprobs come back; without, the whole next-token
-   * distribution. Prompts that arrive while the engine is busy are prefilled
+   * distribution. A top_p draw (no top-k) takes a second number per draw,
+   * in `retries` (see DecodeRow.retry). Prompts that arrive while the engine is busy are prefilled
    * together in one graph run (rows of different lengths, padded and masked).
    */
-  startSequence(tokens: number[], adapter: LoraAdapter, invTemperature: number, draws: number[] | null, cut: TopCut | null = null): Promise<SequenceStart> {
+  startSequence(tokens: number[], adapter: LoraAdapter, invTemperature: number, draws: number[] | null, cut: TopCut | null = null, retries: number[] | null = null): Promise<SequenceStart> {
     const kind = draws === null ? 'decode' : draws[0]! < 0 ? 'greedy' : cut ? cutKind(cut) : 'draw';
-    return this.prompts.push({ tokens, adapter, invTemperature, kind, draws, cut: kind === 'draw_top' || kind === 'draw_nucleus' ? cut : null });
+    if (kind === 'draw_nucleus' && retries?.length !== draws!.length) throw new Error('a top_p draw needs one retry number per draw');
+    return this.prompts.push({ tokens, adapter, invTemperature, kind, draws, retries, cut: kind === 'draw_top' || kind === 'draw_nucleus' ? cut : null });
   }
 
   /** Prefills prompts of one key, from a turn already taken in the queue: short ones in one graph run, long ones in blocks. */
@@ -499,7 +503,8 @@ export class ModelEngine {
     let state: DecodeState | null = null;
     for (const [start, end] of blocks.slice(0, -1)) {
       const feeds = promptFeeds(this.dims, [p.tokens.slice(start, end)], [p.invTemperature], state);
-      if (p.kind === 'draw' || p.cut) feeds.u = feed('float32', new Float32Array(p.draws!.length).fill(0.5), [1, p.draws!.length]);
+      // Only the last block's draws are kept; the others draw at any numbers.
+      if (p.kind === 'draw' || p.cut) Object.assign(feeds, uniformFeeds(p.kind, [p.draws!.map(() => ({ u: 0.5, retry: 0.5 }))], p.draws!.length));
       if (p.cut) Object.assign(feeds, cutFeeds(p.cut, [p.cut.topP]));
       const result = await this.runNow(p.kind, feeds, this.presents, [p.adapter]);
       state = { past: this.presents.map((n) => result[n]!), batch: 1, length: end };
@@ -512,12 +517,11 @@ export class ModelEngine {
     // Each adapter's rows together (a mixed-adapter run needs them so); the answers go back in arrival order.
     const { batch, adapters, rowAdapters } = byAdapter(arrived, () => 1);
     const { kind } = batch[0]!;
-    const B = batch.length;
     const P = state?.length ?? 0;
     const feeds = promptFeeds(this.dims, batch.map((p) => p.tokens), batch.map((p) => p.invTemperature), state);
     const N = Math.max(...batch.map((p) => p.draws?.length ?? 0));
     const cut = batch[0]!.cut;
-    if (kind === 'draw' || cut) feeds.u = feed('float32', Float32Array.from({ length: B * N }, (_, i) => batch[Math.floor(i / N)]!.draws![i % N] ?? 0.5), [B, N]);
+    if (kind === 'draw' || cut) Object.assign(feeds, uniformFeeds(kind, batch.map((p) => p.draws!.map((u, i) => ({ u, retry: p.retries?.[i] }))), N));
     if (cut) Object.assign(feeds, cutFeeds(cut, batch.map((p) => p.cut!.topP)));
     const outputs = kind === 'decode' ? ['logprobs', 'probs'] : ['token', 'token_logprob'];
     const result = await this.runNow(kind, feeds, [...outputs, ...this.presents], adapters, rowAdapters);
@@ -558,12 +562,11 @@ export class ModelEngine {
   private async stepRows(arrived: RowsRequest[]): Promise<RowStep[][]> {
     const { batch, adapters, rowAdapters } = byAdapter(arrived, (r) => r.rows.length);
     const rows = batch.flatMap((r) => r.rows);
-    const B = rows.length;
     const { vocab } = this.dims;
     const feeds = stepFeeds(this.dims, rows, batch.flatMap((r) => r.rows.map(() => r.invTemperature)));
     const kind = stepKind(batch[0]!);
     const cut = batch[0]!.cut;
-    if (kind === 'draw' || cut) feeds.u = feed('float32', Float32Array.from(rows, (r) => r.draw!), [B, 1]);
+    if (kind === 'draw' || cut) Object.assign(feeds, uniformFeeds(kind, rows.map((r) => [{ u: r.draw!, retry: r.retry }]), 1));
     if (cut) Object.assign(feeds, cutFeeds(cut, batch.flatMap((r) => r.rows.map(() => r.cut!.topP))));
     const drawn = kind !== 'decode';
     const outputs = [...(drawn ? ['token', 'token_logprob'] : ['logprobs', 'probs']), ...this.presents];
@@ -673,6 +676,21 @@ function inArrivalOrder<T, R>(arrived: T[], batch: T[], results: R[]): R[] {
 function stepKind(r: RowsRequest): StepKind {
   const draw = r.rows[0]!.draw;
   return draw === undefined ? 'decode' : draw < 0 ? 'greedy' : r.cut ? cutKind(r.cut) : 'draw';
+}
+
+/** One draw's uniform numbers: `retry` only for a top_p draw (see DecodeRow.retry). */
+interface Uniforms {
+  u: number;
+  retry?: number;
+}
+
+/** The uniform numbers of a drawing graph run, `N` per row (rows with fewer padded at 0.5): `u`, and `u_retry` for a top_p draw, which each such draw must bring. */
+function uniformFeeds(kind: StepKind, rows: Uniforms[][], N: number): Record<string, Feed> {
+  const of = (pick: (d: Uniforms) => number | undefined) =>
+    feed('float32', Float32Array.from({ length: rows.length * N }, (_, i) => { const d = rows[Math.floor(i / N)]![i % N]; return d ? pick(d)! : 0.5; }), [rows.length, N]);
+  if (kind !== 'draw_nucleus') return { u: of((d) => d.u) };
+  if (rows.some((r) => r.some((d) => d.retry === undefined))) throw new Error('a top_p draw needs a retry number');
+  return { u: of((d) => d.u), u_retry: of((d) => d.retry) };
 }
 
 /** The inputs of a cut draw: each row's top_p, and k for a top-k one (one k per graph run). */

@@ -26,6 +26,8 @@ export interface DecodeRow {
    * Absent: the whole next-token distribution comes back.
    */
   draw?: number;
+  /** A top_p draw's second uniform number: where the token is drawn again when the first falls outside the nucleus. */
+  retry?: number;
 }
 
 export interface DecodeState {

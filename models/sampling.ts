@@ -51,7 +51,14 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
   const topK = params.top_k > 0 && params.top_k < engine.dims.vocab;
   const cut = params.temperature !== 0 && (topK || params.top_p < 1) ? { topK: topK ? params.top_k : 0, topP: Math.min(params.top_p, 1) } : null;
   const nextDraw = () => (params.temperature === 0 ? -1 : rng.next());
-  const first = await engine.startSequence(prompt, adapter, invT, seqs.map(nextDraw), cut);
+  // A top_p draw alone takes a second number, right after its first: its retry (see drawNucleus).
+  const nucleus = cut !== null && cut.topK === 0;
+  const nextUniforms = () => {
+    const u = nextDraw();
+    return { u, retry: nucleus ? rng.next() : undefined };
+  };
+  const draws = seqs.map(nextUniforms);
+  const first = await engine.startSequence(prompt, adapter, invT, draws.map((d) => d.u), cut, nucleus ? draws.map((d) => d.retry!) : null);
   // Every sample starts from the prompt's cache; unfinished rows then step together, batched with other requests'.
   const close = engine.openStream();
   try {
@@ -70,7 +77,10 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
       }
     }
     if (step === params.max_tokens - 1 || !next.length) break;
-    const stepped = await engine.decodeRows(next.map((r) => ({ token: r.token, cache: r.cache, draw: nextDraw() })), adapter, invT, cut);
+    const stepped = await engine.decodeRows(next.map((r) => {
+      const { u, retry } = nextUniforms();
+      return { token: r.token, cache: r.cache, draw: u, retry };
+    }), adapter, invT, cut);
     rows = next.map((r, k) => ({ i: r.i, step: stepped[k]! }));
   }
   } finally {
@@ -130,24 +140,31 @@ const fineScratch = new Float64Array(BUCKETS);
 
 /**
  * Draws from the smallest set of most likely tokens whose mass reaches `topP` (the lower id first on ties),
- * by the rule the decode graph follows (drawNucleusTokens): a token drawn from the whole distribution at u
- * stays if it is in the nucleus; otherwise the nucleus is drawn from, in id order, at u′ = u's place in the
- * running sum among the tokens outside it, as a fraction of their mass (uniform again, given where u fell).
+ * by rejection, as the decode graph does (drawNucleusTokens): the token at u of the whole distribution if it
+ * is in the nucleus, else the token at a second number (the retry) if it is; else the nucleus is drawn from,
+ * in id order, at the retry's place in the running sum among the tokens outside it, as a fraction of their
+ * mass (uniform again, given where the retry fell). Each token of the nucleus gets exactly its share.
  */
 function drawNucleus(probs: Float32Array, topP: number, rng: Prng): number {
   const { inside, total, kept } = nucleusOf(probs, topP);
   const V = probs.length;
+  // The token at t of the whole running sum, and the nucleus's mass before it.
+  const at = (t: number) => {
+    let run = 0;
+    let keptBefore = 0;
+    for (let v = 0; v < V; v++) {
+      if ((run += probs[v]!) > t) return { token: v, keptBefore };
+      if (inside(v)) keptBefore += probs[v]!;
+    }
+    return { token: V - 1, keptBefore };
+  };
+  const first = at(rng.next() * total).token;
   const t = rng.next() * total;
-  let run = 0;
-  let keptBefore = 0;
-  let first = V - 1;
-  for (let v = 0; v < V; v++) {
-    if ((run += probs[v]!) > t) { first = v; break; }
-    if (inside(v)) keptBefore += probs[v]!;
-  }
+  const second = at(t);
   if (inside(first)) return first;
-  let u = ((t - keptBefore) / (total - kept)) * kept;
-  let last = first;
+  if (inside(second.token)) return second.token;
+  let u = ((t - second.keptBefore) / (total - kept)) * kept;
+  let last = second.token;
   for (let v = 0; v < V; v++) {
     if (!inside(v)) continue;
     last = v;

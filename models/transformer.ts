@@ -241,7 +241,7 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
       const u = () => g.input('u', 'float32', ['B', 'N']);
       const { token, logprob } = kind === 'draw' ? drawTokens(g, logits, u(), dims.vocab)
         : kind === 'draw_top' ? drawTopTokens(g, logits, u(), g.input('k', 'int64', [1]), g.input('top_p', 'float32', ['B', 1]))
-          : kind === 'draw_nucleus' ? drawNucleusTokens(g, logits, u(), g.input('top_p', 'float32', ['B', 1]), dims.vocab)
+          : kind === 'draw_nucleus' ? drawNucleusTokens(g, logits, u(), g.input('u_retry', 'float32', ['B', 'N']), g.input('top_p', 'float32', ['B', 1]), dims.vocab)
           : mostLikely(g, logits);
       g.output(token, 'token');
       g.output(logprob, 'token_logprob');
@@ -307,7 +307,11 @@ function drawTokens(g: GraphBuilder, logits: Sym, u: Sym, vocab: number): { toke
 
 /** The token ([B, N]) at each u·mass of `probs` ([B, vocab], unnormalised), the running sum taken in two levels; and that mass ([B, 1]). */
 function inverseCdf(g: GraphBuilder, probs: Sym, u: Sym, vocab: number): { token: Sym; total: Sym } {
-  const { blocks, blockMass, size: S, count: G } = inBlocks(g, probs, vocab);
+  return drawInBlocks(g, inBlocks(g, probs, vocab), u);
+}
+
+/** inverseCdf over probabilities already cut into blocks (inBlocks). */
+function drawInBlocks(g: GraphBuilder, { blocks, blockMass, size: S, count: G }: Blocked, u: Sym): { token: Sym; total: Sym } {
   const blockCum = g.cumsum(blockMass, 1);
   const total = g.gather(blockCum, g.constI([G - 1]), 1);
   const target = g.mul(u, total);
@@ -324,8 +328,15 @@ function inverseCdf(g: GraphBuilder, probs: Sym, u: Sym, vocab: number): { token
   return { token: g.add(g.mul(block, g.constI([S])), offset), total };
 }
 
+interface Blocked {
+  blocks: Sym;
+  blockMass: Sym;
+  size: number;
+  count: number;
+}
+
 /** `x` ([B, vocab]) cut into the draw's blocks ([B, G, S], the last padded where need be), and each block's sum. */
-function inBlocks(g: GraphBuilder, x: Sym, vocab: number): { blocks: Sym; blockMass: Sym; size: number; count: number } {
+function inBlocks(g: GraphBuilder, x: Sym, vocab: number): Blocked {
   const { size, count } = drawBlocks(vocab);
   const rows = x.shape[0]!;
   const flat = count * size > vocab ? g.padEnd(x, [0, count * size - vocab], [rows, count * size]) : x;
@@ -352,34 +363,70 @@ const NUCLEUS_BUCKETS = 16384;
  * Draws N tokens per row from its nucleus: the fewest most likely tokens (the lower id first on ties) whose
  * mass reaches `topP` ([B, 1]) of the whole; the logprob is under the whole distribution.
  *
- * A token is first drawn from the whole distribution, as without a cut (inverse CDF at u). If the tokens at
- * least as likely as it, itself aside, hold less than top_p of the mass, it is in the nucleus whatever the
- * order of ties, and it is the draw: one pass over the vocabulary more than the plain draw. Only the rows of
- * the other draws (about 1 − top_p of them) find their nucleus (an If on whether any row needs it; nucleusOf)
- * to settle them: a drawn token inside stays; one outside is drawn again from the nucleus, in id order, at
- * u′ = u's place in the running sum among the tokens outside it, as a fraction of their mass. Given the first
- * token fell outside, u′ is uniform, so every draw follows the nucleus's distribution exactly.
+ * By rejection, with the rule of the sampler's own draw (drawNucleus in sampling.ts): the token at u of the
+ * whole distribution (inverse CDF, as without a cut) if it is in the nucleus; else the token at `retry` if
+ * that one is; else the nucleus is drawn from, in id order, at the retry's place in the running sum among the
+ * tokens outside it, as a fraction of their mass (uniform again, given where it fell). Each token of the
+ * nucleus is then drawn with exactly its share of the nucleus's mass.
+ *
+ * Most draws are settled by one pass over the vocabulary more than the plain draw: a token is in the nucleus,
+ * whatever the order of ties, when those at least as likely, itself aside, hold less than top_p of the mass.
+ * Only the rows of the others (about 1 − top_p of them; an If on whether any row has one) try the retry the
+ * same way, and only rows still unsettled (about (1 − top_p)², or a tie at the edge) find their nucleus.
  */
-function drawNucleusTokens(g: GraphBuilder, logits: Sym, u: Sym, topP: Sym, vocab: number): { token: Sym; logprob: Sym } {
+function drawNucleusTokens(g: GraphBuilder, logits: Sym, u: Sym, retry: Sym, topP: Sym, vocab: number): { token: Sym; logprob: Sym } {
   const probs = g.softmax(logits);
-  const { token: drawn, total } = inverseCdf(g, probs, u, vocab);
-  const drawnP = g.gatherElements(probs, drawn, 1);
-  const all = g.unsqueeze(probs, [1]);
-  const atLeast = g.reduceSum(g.mul(g.cast(g.greaterOrEqual(all, g.unsqueeze(drawnP, [2])), 'float32'), all), [2], false);
+  const blocked = inBlocks(g, probs, vocab);
+  const { token: first, total } = drawInBlocks(g, blocked, u);
   const target = g.mul(topP, total);
-  const surelyIn = g.less(g.sub(atLeast, drawnP), target);
-  const rowSettled = g.reduceMin(g.cast(surelyIn, 'float32'), [1]);
-  const [token] = g.ifElse(g.less(g.reduceMin(rowSettled, [0]), g.scalar(1)), (b) => {
-    const rows = b.indicesOf(b.less(rowSettled, b.scalar(1)), 'F');
-    const [P, U, first, inside, cut, mass] = [probs, u, drawn, surelyIn, topP, total].map((x) => b.gather(x, rows, 0));
-    const kept = nucleusOf(b, P!, cut!);
-    const keptMass = b.reduceSum(kept, [1], true);
-    const place = b.sub(b.mul(U!, mass!), sumBefore(b, kept, first!, vocab));
-    const again = inverseCdf(b, kept, b.div(place, b.sub(mass!, keptMass)), vocab).token;
-    const stays = b.or(inside!, b.greater(b.gatherElements(kept, first!, 1), b.scalar(0)));
-    return [b.scatterRows(drawn, rows, b.where(stays, first!, again))];
-  }, () => [drawn]);
+  const firstP = g.gatherElements(probs, first, 1);
+  const firstIn = g.less(g.sub(massAtLeast(g, probs, firstP), firstP), target);
+  const [token] = settleRowsWhere(g, firstIn, first, (b, rows) => {
+    const [blocks, blockMass, R, F, In, T, M] = [blocked.blocks, blocked.blockMass, retry, first, firstIn, target, total].map((x) => b.gather(x, rows, 0)) as Sym[];
+    // The rows' probabilities as blocks hold them: padding at the end, if any, is zeros and counts for nothing.
+    const P = b.reshape(blocks!, [0, -1], ['F', blocked.count * blocked.size]);
+    const { token: second } = drawInBlocks(b, { ...blocked, blocks: blocks!, blockMass: blockMass! }, R!);
+    const secondP = b.gatherElements(P, second, 1);
+    // One pass for both: the mass at least as likely as the retry, and the mass at least as likely as the float
+    // above the first token's probability (never more than that strictly above it: where it reaches the target,
+    // the first token is surely outside the nucleus).
+    const above = b.max(b.mul(b.gatherElements(P, F!, 1), b.scalar(1 + 2 ** -23)), b.add(b.gatherElements(P, F!, 1), b.scalar(2 ** -149)));
+    const both = b.reshape(massAtLeast(b, P, b.reshape(b.concat([b.unsqueeze(above, [1]), b.unsqueeze(secondP, [1])], 1, ['F', 2, 'N']), [0, -1], ['F', 'M'])), [0, 2, -1], ['F', 2, 'N']);
+    const [overFirst, atLeastSecond] = [0, 1].map((i) => b.gather(both, b.constI([i], []), 1));
+    const secondIn = b.and(b.greaterOrEqual(overFirst!, T!), b.less(b.sub(atLeastSecond!, secondP), T!));
+    const settled = b.or(In!, secondIn);
+    const surely = b.where(In!, F!, second);
+    // Still unsettled: a first token that may be inside (a tie at the edge), or a retry that may be outside.
+    const [tokens] = settleRowsWhere(b, settled, surely, (c, left) => {
+      const [R2, F2, S2, Done, M2] = [R!, F!, second, settled, M!].map((x) => c.gather(x, left, 0)) as Sym[];
+      const P2 = c.gather(probs, c.gather(rows, left, 0), 0);
+      const kept = nucleusOf(c, P2, c.gather(T!, left, 0));
+      const inside = (t: Sym) => c.greater(c.gatherElements(kept, t, 1), c.scalar(0));
+      const keptMass = c.reduceSum(kept, [1], true);
+      const place = c.sub(c.mul(R2!, M2!), sumBefore(c, kept, S2!, vocab));
+      const again = inverseCdf(c, kept, c.div(place, c.sub(M2!, keptMass)), vocab).token;
+      const exact = c.where(inside(F2!), F2!, c.where(inside(S2!), S2!, again));
+      return [c.scatterRows(surely, left, c.where(Done!, c.gather(surely, left, 0), exact))];
+    });
+    return [b.scatterRows(first, rows, tokens!)];
+  });
   return { token: token!, logprob: g.log(g.gatherElements(probs, token!, 1)) };
+}
+
+/** Σ p over the tokens at least as likely as each threshold ([B, M]): [B, M]. */
+function massAtLeast(g: GraphBuilder, probs: Sym, thresholds: Sym): Sym {
+  const all = g.unsqueeze(probs, [1]);
+  return g.reduceSum(g.mul(g.cast(g.greaterOrEqual(all, g.unsqueeze(thresholds, [2])), 'float32'), all), [2], false);
+}
+
+/**
+ * `tokens` ([B, N]) where every draw of a row is `settled`; the other rows (their indices along axis 0 given
+ * to `settle`, which returns those rows' tokens in a one-element list) go through `settle`, in an If so that
+ * a run whose draws are all settled does none of it.
+ */
+function settleRowsWhere(g: GraphBuilder, settled: Sym, tokens: Sym, settle: (b: GraphBuilder, rows: Sym) => Sym[]): Sym[] {
+  const rowSettled = g.reduceMin(g.cast(settled, 'float32'), [1]);
+  return g.ifElse(g.less(g.reduceMin(rowSettled, [0]), g.scalar(1)), (b) => settle(b, b.indicesOf(b.less(rowSettled, b.scalar(1)), 'F')), () => [tokens]);
 }
 
 /**

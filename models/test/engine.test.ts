@@ -151,35 +151,42 @@ describe('sampling', () => {
             }
             const drawOrder = cut.topK ? kept : [...kept].sort((a, b) => a - b);
             const keptSet = new Set(kept);
-            // Where a draw at u must fall, by the sampler's rule: a top-k draw is u·mass into the sorted kept candidates.
-            // A nucleus draw takes the token at u of the whole distribution if it is kept, and else draws again in the
-            // kept ones, in id order, at u's place among the tokens outside, as a fraction of their mass.
-            const place = (u: number): { order: number[]; at: number; kept: boolean } => {
+            // Where a draw at u (and its retry) must fall, by the sampler's rule: a top-k draw is u·mass into the sorted
+            // kept candidates. A nucleus draw takes the token at u of the whole distribution if it is kept, else the token
+            // at the retry if that one is, and else draws again in the kept ones, in id order, at the retry's place among
+            // the tokens outside, as a fraction of their mass.
+            const place = (u: number, retry: number): { order: number[]; at: number; kept: boolean } => {
               if (cut.topK) return { order: drawOrder, at: u * mass, kept: true };
               const whole = probs.reduce((sum, q) => sum + q, 0);
-              let run = 0;
-              let keptBefore = 0;
-              let first = 0;
-              for (; first < probs.length - 1 && run + probs[first]! <= u * whole; first++) {
-                run += probs[first]!;
-                if (keptSet.has(first)) keptBefore += probs[first]!;
-              }
-              if (keptSet.has(first)) return { order: Array.from(probs.keys()), at: u * whole, kept: true };
-              return { order: drawOrder, at: ((u * whole - keptBefore) / (whole - mass)) * mass, kept: false };
+              const at = (x: number) => {
+                let run = 0;
+                let keptBefore = 0;
+                let token = 0;
+                for (; token < probs.length - 1 && run + probs[token]! <= x * whole; token++) {
+                  run += probs[token]!;
+                  if (keptSet.has(token)) keptBefore += probs[token]!;
+                }
+                return { token, keptBefore };
+              };
+              if (keptSet.has(at(u).token)) return { order: Array.from(probs.keys()), at: u * whole, kept: true };
+              const second = at(retry);
+              if (keptSet.has(second.token)) return { order: Array.from(probs.keys()), at: retry * whole, kept: true };
+              return { order: drawOrder, at: ((retry * whole - second.keptBefore) / (whole - mass)) * mass, kept: false };
             };
+            const retryOf = (i: number) => us[(i * 7 + 3) % us.length]!;
             // The shared engine's distribution is near-uniform (an untrained 151,669-token model): where the cut falls
             // between probabilities equal to float32 rounding, only membership is checked, to that rounding. The small
             // engine's draws are checked exactly, their place in the running sum included.
             const exact = e === prime;
             const edge = probs[kept.at(-1)!]!;
             let redrawn = 0;
-            const check = (token: number, logprob: number, u: number) => {
+            const check = (token: number, logprob: number, u: number, retry: number) => {
               const label = `token ${token} (top_k ${cut.topK}, top_p ${cut.topP})`;
               if (!exact) {
                 expect(probs[token]!, `${label} is below the kept candidates`).toBeGreaterThanOrEqual(edge * (1 - 1e-5));
               } else {
                 expect(keptSet.has(token), `${label} is not among the kept candidates`).toBe(true);
-                const { order, at: t, kept: stayed } = place(u);
+                const { order, at: t, kept: stayed } = place(u, retry);
                 if (!stayed) redrawn++;
                 const at = order.indexOf(token);
                 const before = order.slice(0, at).reduce((sum, v) => sum + probs[v]!, 0);
@@ -188,16 +195,17 @@ describe('sampling', () => {
               }
               expect(Math.abs(logprob - logprobs[token]!)).toBeLessThan(1e-5);
             };
-            const drawn = (await e.startSequence(p, adapter, invT, us, cut)).drawn!;
-            drawn.forEach(({ token, logprob }, i) => check(token, logprob, us[i]!));
+            const retries = cut.topK ? null : us.map((_, i) => retryOf(i));
+            const drawn = (await e.startSequence(p, adapter, invT, us, cut, retries)).drawn!;
+            drawn.forEach(({ token, logprob }, i) => check(token, logprob, us[i]!, retryOf(i)));
             if (exact) expect(new Set(drawn.map((d) => d.token)).size).toBeGreaterThan(Math.min(kept.length, 40) * 0.3);
             // A decode step of rows from two requests with the same kind (and k), each with its own top_p, in one run.
-            const start = await e.startSequence(p.slice(0, 3), adapter, invT, [0.5], cut);
+            const start = await e.startSequence(p.slice(0, 3), adapter, invT, [0.5], cut, [0.5]);
             const [mine, other] = await Promise.all([
-              e.decodeRows(us.slice(0, 8).map((u) => ({ token: 2, cache: start.cache, draw: u })), adapter, invT, cut),
-              e.decodeRows([{ token: 2, cache: start.cache, draw: 0.99 }], adapter, invT, { ...cut, topP: 0.999 }),
+              e.decodeRows(us.slice(0, 8).map((u, i) => ({ token: 2, cache: start.cache, draw: u, retry: retryOf(i) })), adapter, invT, cut),
+              e.decodeRows([{ token: 2, cache: start.cache, draw: 0.99, retry: 0.5 }], adapter, invT, { ...cut, topP: 0.999 }),
             ]);
-            mine.forEach((step, i) => check(step.drawn!.token, step.drawn!.logprob, us[i]!));
+            mine.forEach((step, i) => check(step.drawn!.token, step.drawn!.logprob, us[i]!, retryOf(i)));
             expect(probs[other[0]!.drawn!.token]!).toBeGreaterThanOrEqual(probs[candidates.at(-1)!]! * (1 - 1e-5));
             // The small nucleus cuts leave much of the mass out: some draws of those have gone through the redraw.
             if (exact && !cut.topK && cut.topP <= 0.5) expect(redrawn, `draws redrawn at top_p ${cut.topP}`).toBeGreaterThan(0);

@@ -45,24 +45,34 @@ describe('top-p sampling', () => {
 });
 
 describe('the top-p draw by definition', () => {
-  it('gives each token of the nucleus exactly its share p / (nucleus mass) of the uniform numbers, and none outside', () => {
-    // Every u of a fine grid drawn once: a token's count / n is the measure of the u that give it. A draw kept when it
-    // falls inside, and otherwise redrawn at u's place among the outside tokens, must give each token p / M.
-    const n = 30_000;
-    let i = 0;
-    const grid = { next: () => (i++ + 0.5) / n } as unknown as Prng;
+  it('keeps a first token inside the nucleus; after one outside, gives each token of the nucleus exactly its share p / (nucleus mass) of the retry numbers', () => {
     // Peaked, with ties at several places (pairs of equal probabilities), ids of the likely ones scattered.
     const raw = new Float32Array(300).map((_, v) => Math.exp(-((v * 37) % 300) / 30));
     for (let v = 0; v + 1 < raw.length; v += 11) raw[v + 1] = raw[v]!;
     const total = raw.reduce((s, x) => s + x, 0);
     const probs = raw.map((x) => x / total);
     const logprobs = probs.map((p) => Math.log(p));
+    const sum = probs.reduce((s, x) => s + x, 0);
+    // u at the middle of token v's slice of the whole running sum.
+    const middleOf = (v: number) => (probs.slice(0, v).reduce((s, x) => s + x, 0) + probs[v]! / 2) / sum;
     for (const topP of [0.2, 0.6, 0.95]) {
       const nucleus = bruteForceNucleus(probs, topP);
       const mass = [...nucleus].reduce((s, v) => s + probs[v]!, 0);
+      const params = { ...SAMPLING_DEFAULTS, temperature: 1, top_p: topP, stop: [] };
+      const numbers = (values: number[]) => {
+        let i = 0;
+        return { next: () => values[i++ % values.length]! } as unknown as Prng;
+      };
+      const inside = [...nucleus][0]!;
+      expect(chooseToken(logprobs, probs, params, numbers([middleOf(inside), 0.5]))[0]).toBe(inside);
+      // Every retry of a fine grid once, each after a first number that falls outside: a token's count / n is the
+      // measure of the retries that give it. Drawn at the retry, or redrawn from the nucleus at the retry's place
+      // among the outside tokens, each must come out p / M.
+      const outside = Array.from(probs.keys()).find((v) => !nucleus.has(v))!;
+      const n = 30_000;
+      const grid = numbers(Array.from({ length: 2 * n }, (_, i) => (i % 2 === 0 ? middleOf(outside) : (Math.floor(i / 2) + 0.5) / n)));
       const counts = new Float64Array(probs.length);
-      i = 0;
-      for (let k = 0; k < n; k++) counts[chooseToken(logprobs, probs, { ...SAMPLING_DEFAULTS, temperature: 1, top_p: topP, stop: [] }, grid)[0]]! += 1;
+      for (let k = 0; k < n; k++) counts[chooseToken(logprobs, probs, params, grid)[0]]! += 1;
       for (let v = 0; v < probs.length; v++) {
         const expected = nucleus.has(v) ? probs[v]! / mass : 0;
         expect(Math.abs(counts[v]! / n - expected), `token ${v} at top_p ${topP}`).toBeLessThan(2.5 / n);
