@@ -5,7 +5,7 @@ import { cotangentFeed, feed, fitsOneRun, grownCaches, loraFeeds, ownCotangentFe
 import { freshAdapter, siteRank, versionKey, type LoraAdapter } from './lora.js';
 import { memberGrads } from './side-by-side.js';
 import type { Feed } from './runner-protocol.js';
-import { DECODE_KINDS, DEFAULT_DIMS, loraSites, MIXED_SLOTS, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
+import { DECODE_KINDS, DEFAULT_DIMS, loraSites, MIXED_SLOTS, NUCLEUS_TESTS_UP_TO, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
 
 export { DeviceUnavailableError } from './device-error.js';
 export type { DecodeRow, DecodeState, RowCache, ScoredSequence } from './feeds.js';
@@ -107,18 +107,19 @@ const JOINED_SCORED = 64;
 const MERGE_FROM_POSITIONS = 64;
 
 /** The decode graphs: the whole next-token distribution back, a token drawn in the graph, or the most likely one. */
-type StepKind = 'decode' | 'draw' | 'draw_top' | 'draw_nucleus' | 'greedy';
+type StepKind = 'decode' | 'draw' | 'draw_top' | 'draw_nucleus' | 'draw_nucleus_wide' | 'greedy';
 
 /**
  * A draw among the `topK` most likely tokens (0: all), cut again to the `topP` nucleus of their mass (1:
- * none): drawn in the graph (draw_top with a top-k, draw_nucleus without).
+ * none): drawn in the graph (draw_top with a top-k, draw_nucleus without; draw_nucleus_wide for a prompt's many draws).
  */
 export interface TopCut {
   topK: number;
   topP: number;
 }
 
-const cutKind = (cut: TopCut): StepKind => (cut.topK > 0 ? 'draw_top' : 'draw_nucleus');
+const cutKind = (cut: TopCut, draws = 1): StepKind => (cut.topK > 0 ? 'draw_top' : draws > NUCLEUS_TESTS_UP_TO ? 'draw_nucleus_wide' : 'draw_nucleus');
+const isNucleus = (kind: StepKind) => kind === 'draw_nucleus' || kind === 'draw_nucleus_wide';
 
 /** A prompt waiting for its prefill (see startSequence). */
 interface PromptRequest {
@@ -480,9 +481,9 @@ export class ModelEngine {
    * together in one graph run (rows of different lengths, padded and masked).
    */
   startSequence(tokens: number[], adapter: LoraAdapter, invTemperature: number, draws: number[] | null, cut: TopCut | null = null, retries: number[] | null = null): Promise<SequenceStart> {
-    const kind = draws === null ? 'decode' : draws[0]! < 0 ? 'greedy' : cut ? cutKind(cut) : 'draw';
-    if (kind === 'draw_nucleus' && retries?.length !== draws!.length) throw new Error('a top_p draw needs one retry number per draw');
-    return this.prompts.push({ tokens, adapter, invTemperature, kind, draws, retries, cut: kind === 'draw_top' || kind === 'draw_nucleus' ? cut : null });
+    const kind = draws === null ? 'decode' : draws[0]! < 0 ? 'greedy' : cut ? cutKind(cut, draws.length) : 'draw';
+    if (isNucleus(kind) && retries?.length !== draws!.length) throw new Error('a top_p draw needs one retry number per draw');
+    return this.prompts.push({ tokens, adapter, invTemperature, kind, draws, retries, cut: kind === 'draw_top' || isNucleus(kind) ? cut : null });
   }
 
   /** Prefills prompts of one key, from a turn already taken in the queue: short ones in one graph run, long ones in blocks. */
@@ -546,6 +547,8 @@ export class ModelEngine {
    * (continuous batching), caches padded to the longest and masked.
    */
   decodeRows(rows: DecodeRow[], adapter: LoraAdapter, invTemperature: number, cut: TopCut | null = null): Promise<RowStep[]> {
+    // Refused here, before the rows can share a graph run with other requests' and fail theirs too.
+    if (cut && !cut.topK && rows.some((r) => r.draw !== undefined && r.draw >= 0 && r.retry === undefined)) throw new Error('a top_p draw needs a retry number');
     return this.steps.push({ rows, adapter, invTemperature, cut: rows[0]?.draw !== undefined && rows[0].draw >= 0 ? cut : null });
   }
 
@@ -688,13 +691,14 @@ interface Uniforms {
 function uniformFeeds(kind: StepKind, rows: Uniforms[][], N: number): Record<string, Feed> {
   const of = (pick: (d: Uniforms) => number | undefined) =>
     feed('float32', Float32Array.from({ length: rows.length * N }, (_, i) => { const d = rows[Math.floor(i / N)]![i % N]; return d ? pick(d)! : 0.5; }), [rows.length, N]);
-  if (kind !== 'draw_nucleus') return { u: of((d) => d.u) };
+  if (!isNucleus(kind)) return { u: of((d) => d.u) };
   if (rows.some((r) => r.some((d) => d.retry === undefined))) throw new Error('a top_p draw needs a retry number');
   return { u: of((d) => d.u), u_retry: of((d) => d.retry) };
 }
 
 /** The inputs of a cut draw: each row's top_p, and k for a top-k one (one k per graph run). */
 function cutFeeds(cut: TopCut, topP: number[]): Record<string, Feed> {
-  const rows = { top_p: feed('float32', Float32Array.from(topP), [topP.length, 1]) };
+  // A top_p below float32's smallest number would become 0 and keep nothing: the smallest keeps the most likely token.
+  const rows = { top_p: feed('float32', Float32Array.from(topP, (p) => Math.max(p, 2 ** -149)), [topP.length, 1]) };
   return cut.topK > 0 ? { ...rows, k: feed('int64', BigInt64Array.from([BigInt(cut.topK)]), [1]) } : rows;
 }

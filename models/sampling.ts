@@ -44,10 +44,10 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
   // The graph applies the temperature (greedy: none).
   const invT = params.temperature === 0 ? 1 : 1 / params.temperature;
   // The graph draws every token itself: greedy, by the inverse CDF (no cut), among the sorted top-k candidates
-  // (draw_top), or from the top_p nucleus (draw_nucleus: the plain draw, redrawn inside the nucleus when it
-  // falls outside). Only the tokens cross
-  // back, not two vocabulary-sized arrays per row. Their uniform numbers come from the request's generator,
-  // one per token as chooseToken (the same draws in JavaScript, by definition) takes them: a seed fixes the tokens.
+  // (draw_top), or from the top_p nucleus (draw_nucleus: the plain draw, then a retry, then a redraw inside the
+  // nucleus). Only the tokens cross back, not two vocabulary-sized arrays per row. Their uniform numbers come
+  // from the request's generator, as chooseToken (the same draws in JavaScript, by definition) takes them: one
+  // per token, two for a top_p draw without top_k. A seed fixes the tokens.
   const topK = params.top_k > 0 && params.top_k < engine.dims.vocab;
   const cut = params.temperature !== 0 && (topK || params.top_p < 1) ? { topK: topK ? params.top_k : 0, topP: Math.min(params.top_p, 1) } : null;
   const nextDraw = () => (params.temperature === 0 ? -1 : rng.next());

@@ -82,10 +82,10 @@ export function baseWeights(modelName: string, dims: ModelDims): BaseWeight[] {
   });
 }
 
-export type GraphKind = 'forward' | 'backward' | 'decode' | 'draw' | 'draw_top' | 'draw_nucleus' | 'greedy' | 'topk';
+export type GraphKind = 'forward' | 'backward' | 'decode' | 'draw' | 'draw_top' | 'draw_nucleus' | 'draw_nucleus_wide' | 'greedy' | 'topk';
 
 /** The decode graphs (a KV cache in and out): the whole next-token distribution out, or the next token drawn or chosen inside. */
-export const DECODE_KINDS: readonly GraphKind[] = ['decode', 'draw', 'draw_top', 'draw_nucleus', 'greedy'];
+export const DECODE_KINDS: readonly GraphKind[] = ['decode', 'draw', 'draw_top', 'draw_nucleus', 'draw_nucleus_wide', 'greedy'];
 
 export interface BuiltGraph {
   onnx: Uint8Array;
@@ -104,7 +104,9 @@ export interface BuiltGraph {
  * - draw_top: decode, with the next tokens drawn inside the graph among the k most likely, cut again to
  *   each row's top_p of their mass (drawTopTokens);
  * - draw_nucleus: decode, with the next tokens drawn inside the graph from each row's top_p nucleus
- *   (drawNucleusTokens);
+ *   (drawNucleusTokens), each draw tested on its own;
+ * - draw_nucleus_wide: the same for a prompt's many draws (more than NUCLEUS_TESTS_UP_TO): each row's
+ *   nucleus found once;
  * - greedy: decode, with the most likely next token chosen inside the graph;
  * - topk: the forward logprobs, and the k most likely tokens at every position (prompt top-k).
  */
@@ -237,11 +239,12 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
     // With a merged unembedding the caller feeds W + scale·A·B, built once per adapter version (mergeGraph).
     const logits = options.packedUnembedding ? g.matmul(last, g.constF(options.packedUnembedding, [d, dims.vocab]))
       : options.mergedUnembedding ? g.matmul(last, g.input('lm_head_merged', 'float32', [d, dims.vocab])) : unembed(last);
-    if (kind === 'draw' || kind === 'draw_top' || kind === 'draw_nucleus' || kind === 'greedy') {
+    if (kind === 'draw' || kind === 'draw_top' || kind === 'draw_nucleus' || kind === 'draw_nucleus_wide' || kind === 'greedy') {
       const u = () => g.input('u', 'float32', ['B', 'N']);
       const { token, logprob } = kind === 'draw' ? drawTokens(g, logits, u(), dims.vocab)
         : kind === 'draw_top' ? drawTopTokens(g, logits, u(), g.input('k', 'int64', [1]), g.input('top_p', 'float32', ['B', 1]))
-          : kind === 'draw_nucleus' ? drawNucleusTokens(g, logits, u(), g.input('u_retry', 'float32', ['B', 'N']), g.input('top_p', 'float32', ['B', 1]), dims.vocab)
+          : kind === 'draw_nucleus' || kind === 'draw_nucleus_wide'
+            ? drawNucleusTokens(g, logits, u(), g.input('u_retry', 'float32', ['B', 'N']), g.input('top_p', 'float32', ['B', 1]), dims.vocab, kind === 'draw_nucleus_wide')
           : mostLikely(g, logits);
       g.output(token, 'token');
       g.output(logprob, 'token_logprob');
@@ -373,44 +376,75 @@ const NUCLEUS_BUCKETS = 16384;
  * whatever the order of ties, when those at least as likely, itself aside, hold less than top_p of the mass.
  * Only the rows of the others (about 1 − top_p of them; an If on whether any row has one) try the retry the
  * same way, and only rows still unsettled (about (1 − top_p)², or a tie at the edge) find their nucleus.
+ * `wide` (a prompt's many draws): each row's nucleus is found instead. Exported for its test against the
+ * rule in JavaScript.
  */
-function drawNucleusTokens(g: GraphBuilder, logits: Sym, u: Sym, retry: Sym, topP: Sym, vocab: number): { token: Sym; logprob: Sym } {
+export function drawNucleusTokens(g: GraphBuilder, logits: Sym, u: Sym, retry: Sym, topP: Sym, vocab: number, wide = false): { token: Sym; logprob: Sym } {
   const probs = g.softmax(logits);
   const blocked = inBlocks(g, probs, vocab);
   const { token: first, total } = drawInBlocks(g, blocked, u);
   const target = g.mul(topP, total);
+  const token = wide
+    ? byTheNucleus(g, probs, first, drawInBlocks(g, blocked, retry).token, retry, total, nucleusOf(g, probs, target), vocab)
+    : settledByTests(g, probs, blocked, first, retry, target, total, vocab);
+  return { token, logprob: g.log(g.gatherElements(probs, token, 1)) };
+}
+
+/**
+ * Draws per row up to which each is tested on its own (draw_nucleus); past it, the tests' tensors ([rows,
+ * draws, vocab]) cost more than finding each row's nucleus once (draw_nucleus_wide).
+ */
+export const NUCLEUS_TESTS_UP_TO = 4;
+
+/**
+ * The draws settled by passes over the vocabulary, one per draw: most are, at the first token; the rows of the
+ * others try the retry (an If over those rows alone), and only rows still open find their nucleus.
+ */
+function settledByTests(g: GraphBuilder, probs: Sym, blocked: Blocked, first: Sym, retry: Sym, target: Sym, total: Sym, vocab: number): Sym {
   const firstP = g.gatherElements(probs, first, 1);
   const firstIn = g.less(g.sub(massAtLeast(g, probs, firstP), firstP), target);
-  const [token] = settleRowsWhere(g, firstIn, first, (b, rows) => {
-    const [blocks, blockMass, R, F, In, T, M] = [blocked.blocks, blocked.blockMass, retry, first, firstIn, target, total].map((x) => b.gather(x, rows, 0)) as Sym[];
-    // The rows' probabilities as blocks hold them: padding at the end, if any, is zeros and counts for nothing.
-    const P = b.reshape(blocks!, [0, -1], ['F', blocked.count * blocked.size]);
-    const { token: second } = drawInBlocks(b, { ...blocked, blocks: blocks!, blockMass: blockMass! }, R!);
+  const [token] = settleRowsWhere(g, firstIn, first, 'F', (b, rows) => {
+    const take = (x: Sym) => b.gather(x, rows, 0);
+    const [P, R, F, In, T, firstPs] = [probs, retry, first, firstIn, target, firstP].map(take) as [Sym, Sym, Sym, Sym, Sym, Sym];
+    const second = drawInBlocks(b, { ...blocked, blocks: take(blocked.blocks), blockMass: take(blocked.blockMass) }, R).token;
     const secondP = b.gatherElements(P, second, 1);
-    // One pass for both: the mass at least as likely as the retry, and the mass at least as likely as the float
+    // One pass for both: the mass at least as likely as the retry, and the mass at least as likely as a float
     // above the first token's probability (never more than that strictly above it: where it reaches the target,
     // the first token is surely outside the nucleus).
-    const above = b.max(b.mul(b.gatherElements(P, F!, 1), b.scalar(1 + 2 ** -23)), b.add(b.gatherElements(P, F!, 1), b.scalar(2 ** -149)));
-    const both = b.reshape(massAtLeast(b, P, b.reshape(b.concat([b.unsqueeze(above, [1]), b.unsqueeze(secondP, [1])], 1, ['F', 2, 'N']), [0, -1], ['F', 'M'])), [0, 2, -1], ['F', 2, 'N']);
-    const [overFirst, atLeastSecond] = [0, 1].map((i) => b.gather(both, b.constI([i], []), 1));
-    const secondIn = b.and(b.greaterOrEqual(overFirst!, T!), b.less(b.sub(atLeastSecond!, secondP), T!));
-    const settled = b.or(In!, secondIn);
-    const surely = b.where(In!, F!, second);
-    // Still unsettled: a first token that may be inside (a tie at the edge), or a retry that may be outside.
-    const [tokens] = settleRowsWhere(b, settled, surely, (c, left) => {
-      const [R2, F2, S2, Done, M2] = [R!, F!, second, settled, M!].map((x) => c.gather(x, left, 0)) as Sym[];
-      const P2 = c.gather(probs, c.gather(rows, left, 0), 0);
-      const kept = nucleusOf(c, P2, c.gather(T!, left, 0));
-      const inside = (t: Sym) => c.greater(c.gatherElements(kept, t, 1), c.scalar(0));
-      const keptMass = c.reduceSum(kept, [1], true);
-      const place = c.sub(c.mul(R2!, M2!), sumBefore(c, kept, S2!, vocab));
-      const again = inverseCdf(c, kept, c.div(place, c.sub(M2!, keptMass)), vocab).token;
-      const exact = c.where(inside(F2!), F2!, c.where(inside(S2!), S2!, again));
-      return [c.scatterRows(surely, left, c.where(Done!, c.gather(surely, left, 0), exact))];
+    const above = b.max(b.mul(firstPs, b.scalar(1 + 2 ** -23)), b.add(firstPs, b.scalar(2 ** -149)));
+    const thresholds = b.reshape(b.concat([b.unsqueeze(above, [1]), b.unsqueeze(secondP, [1])], 1, ['F', 2, 'N']), [0, -1], ['F', 'M']);
+    const both = b.reshape(massAtLeast(b, P, thresholds), [0, 2, -1], ['F', 2, 'N']);
+    const [overFirst, atLeastSecond] = [0, 1].map((i) => b.gather(both, b.constI([i], []), 1)) as [Sym, Sym];
+    const secondIn = b.and(b.greaterOrEqual(overFirst, T), b.less(b.sub(atLeastSecond, secondP), T));
+    const settled = b.or(In, secondIn);
+    const surely = b.where(In, F, second);
+    // Still open: a first token that may be inside (a tie at the edge), or a retry that may be outside.
+    const [tokens] = settleRowsWhere(b, settled, surely, 'L', (c, left) => {
+      const at = c.gather(rows, left, 0);
+      const [P2, total2, target2] = [probs, total, target].map((x) => c.gather(x, at, 0)) as [Sym, Sym, Sym];
+      const [R2, F2, S2, done, sure] = [R, F, second, settled, surely].map((x) => c.gather(x, left, 0)) as [Sym, Sym, Sym, Sym, Sym];
+      const exact = byTheNucleus(c, P2, F2, S2, R2, total2, nucleusOf(c, P2, target2), vocab);
+      return [c.scatterRows(surely, left, c.where(done, sure, exact))];
     });
     return [b.scatterRows(first, rows, tokens!)];
   });
-  return { token: token!, logprob: g.log(g.gatherElements(probs, token!, 1)) };
+  return token!;
+}
+
+/**
+ * The draw's rule with each row's nucleus in hand (`kept`: its probabilities inside, 0 outside): the first
+ * token if inside, else the retry's if inside, else the nucleus drawn from, in id order, at the retry's place
+ * among the outside tokens' running sum (those before its token, then where in its token's slice the retry
+ * fell), as a fraction of their mass. Computed from the outside tokens' own mass, so rounding cannot give a
+ * place below 0 or past the end, nor a token outside.
+ */
+function byTheNucleus(g: GraphBuilder, probs: Sym, first: Sym, second: Sym, retry: Sym, total: Sym, kept: Sym, vocab: number): Sym {
+  const inside = (t: Sym) => g.greater(g.gatherElements(kept, t, 1), g.scalar(0));
+  const outside = g.sub(probs, kept);
+  const into = g.min(g.max(g.sub(g.mul(retry, total), sumBefore(g, probs, second, vocab)), g.scalar(0)), g.gatherElements(probs, second, 1));
+  const place = g.div(g.add(sumBefore(g, outside, second, vocab), into), g.reduceSum(outside, [1], true));
+  const again = inverseCdf(g, kept, g.min(place, g.scalar(1)), vocab).token;
+  return g.where(inside(first), first, g.where(inside(second), second, again));
 }
 
 /** Σ p over the tokens at least as likely as each threshold ([B, M]): [B, M]. */
@@ -420,28 +454,28 @@ function massAtLeast(g: GraphBuilder, probs: Sym, thresholds: Sym): Sym {
 }
 
 /**
- * `tokens` ([B, N]) where every draw of a row is `settled`; the other rows (their indices along axis 0 given
- * to `settle`, which returns those rows' tokens in a one-element list) go through `settle`, in an If so that
+ * `tokens` ([B, N]) where every draw of a row is `settled`; the other rows (their indices along axis 0, a
+ * dimension named `rowsDim`, given to `settle`, which returns those rows' tokens in a one-element list) go through `settle`, in an If so that
  * a run whose draws are all settled does none of it.
  */
-function settleRowsWhere(g: GraphBuilder, settled: Sym, tokens: Sym, settle: (b: GraphBuilder, rows: Sym) => Sym[]): Sym[] {
+function settleRowsWhere(g: GraphBuilder, settled: Sym, tokens: Sym, rowsDim: string, settle: (b: GraphBuilder, rows: Sym) => Sym[]): Sym[] {
   const rowSettled = g.reduceMin(g.cast(settled, 'float32'), [1]);
-  return g.ifElse(g.less(g.reduceMin(rowSettled, [0]), g.scalar(1)), (b) => settle(b, b.indicesOf(b.less(rowSettled, b.scalar(1)), 'F')), () => [tokens]);
+  return g.ifElse(g.less(g.reduceMin(rowSettled, [0]), g.scalar(1)), (b) => settle(b, b.indicesOf(b.less(rowSettled, b.scalar(1)), rowsDim)), () => [tokens]);
 }
 
 /**
- * Each row's nucleus ([B, vocab]: its probabilities inside, 0 outside). No sort of the vocabulary: the
+ * Each row's nucleus ([B, vocab]: its probabilities inside, 0 outside): the fewest most likely tokens whose
+ * mass reaches `target` ([B, 1], top_p of the row's total, the same the draw's tests use). No sort of the vocabulary: the
  * probabilities are bucketed by their logarithm (order-preserving), whole buckets are taken from the top
  * while their mass stays short, and only the bucket where it crosses `topP` is sorted (TopK, ties in id
  * order) to find how many of its tokens are in. An untrained model's nucleus at 0.95 holds most of the
  * vocabulary, so a top-k first cannot do.
  */
-function nucleusOf(g: GraphBuilder, probs: Sym, topP: Sym): Sym {
+function nucleusOf(g: GraphBuilder, probs: Sym, target: Sym): Sym {
   const NB = NUCLEUS_BUCKETS;
   const bucket = g.cast(g.max(g.floor(g.add(g.mul(g.log(probs), g.scalar(NB / 128 / Math.LN2)), g.scalar(NB - 1))), g.scalar(0)), 'int64');
   const zeros = g.mul(g.gather(probs, g.constI([0]), 1), g.constF(new Float32Array(NB), [1, NB]));
   const mass = g.scatterElements(zeros, bucket, probs, 1, 'add');
-  const target = g.mul(topP, g.reduceSum(mass, [1], true));
   // The crossing bucket: the highest whose mass with all above it reaches the target.
   const fromTop = g.cumsum(mass, 1, true);
   const reaching = g.reduceSum(g.cast(g.lessOrEqual(target, fromTop), 'int64'), [1], true);

@@ -169,7 +169,6 @@ export class GraphBuilder {
   greater(a: Sym, b: Sym): Sym { return this.node('Greater', [a, b], broadcast(a.shape, b.shape), 'bool'); }
   greaterOrEqual(a: Sym, b: Sym): Sym { return this.node('GreaterOrEqual', [a, b], broadcast(a.shape, b.shape), 'bool'); }
   or(a: Sym, b: Sym): Sym { return this.node('Or', [a, b], broadcast(a.shape, b.shape), 'bool'); }
-  not(x: Sym): Sym { return this.node('Not', [x], x.shape, 'bool'); }
   /** The smallest value over `axes`, those axes dropped. */
   reduceMin(x: Sym, axes: number[]): Sym { return this.node('ReduceMin', [x], reduced(x.shape, axes, false), x.dtype, { axes, keepdims: 0 }); }
   /** The largest value over `axes`, those axes dropped. */

@@ -84,7 +84,7 @@ describe('sampling', () => {
   it('is reproducible with a seed, and differs with another', async () => {
     const adapter = perturbedTrainer(4).adapter;
     const p = tok.encode('Hello there');
-    // top_p 0.95 is cut in JavaScript; top_p 1 is drawn inside the graph.
+    // Both drawn inside the graph: top_p 0.95 by the nucleus's rule (two numbers a token), top_p 1 by the plain draw.
     for (const top_p of [0.95, 1]) {
       const params = { ...SAMPLING_DEFAULTS, max_tokens: 10, seed: 11, top_p };
       const a = await sampleSequences(engine, adapter, p, 3, params, tok);

@@ -1,5 +1,8 @@
+import * as ort from 'onnxruntime-node';
 import { describe, expect, it } from 'vitest';
+import { GraphBuilder } from '../graph/builder.js';
 import { Prng } from '../prng.js';
+import { drawNucleusTokens } from '../transformer.js';
 import { chooseToken, SAMPLING_DEFAULTS } from '../index.js';
 
 /** The nucleus by definition: tokens by probability (then id), taken until their mass reaches top_p. */
@@ -78,5 +81,70 @@ describe('the top-p draw by definition', () => {
         expect(Math.abs(counts[v]! / n - expected), `token ${v} at top_p ${topP}`).toBeLessThan(2.5 / n);
       }
     }
+  });
+});
+
+describe('the top_p draw in the graph', () => {
+  it('gives the token of the rule in JavaScript for every draw: rows of their own distributions and top_p, ties at the edge, few and many draws per row, a padded vocabulary', async () => {
+    const V = 1009; // prime: the draw's last block is padded
+    // Each draw tested on its own (draw_nucleus), and each row's nucleus found once (draw_nucleus_wide).
+    const sessions = await Promise.all([false, true].map((wide) => {
+      const g = new GraphBuilder('nucleus-draw-check');
+      const logits = g.input('logits', 'float32', ['B', V]);
+      const { token, logprob } = drawNucleusTokens(g, logits, g.input('u', 'float32', ['B', 'N']), g.input('u_retry', 'float32', ['B', 'N']), g.input('top_p', 'float32', ['B', 1]), V, wide);
+      g.output(g.softmax(logits), 'probs');
+      g.output(token, 'token');
+      g.output(logprob, 'token_logprob');
+      return ort.InferenceSession.create(g.toOnnx());
+    }));
+    const rng = new Prng('graph-nucleus');
+    // Peaked; near-uniform; four exactly equal levels (ties everywhere, so at the edge); peaked with every logit twice.
+    const rows = [
+      Float32Array.from({ length: V }, () => rng.next() * 6),
+      Float32Array.from({ length: V }, () => rng.next() * 0.05),
+      Float32Array.from({ length: V }, (_, v) => [0, 0.3, 0.6, 0.9][(v * 7) % 4]!),
+      Float32Array.from({ length: V }, (_, v) => Math.floor(v / 2) % 97 / 20),
+    ];
+    const topPs = [0.9, 0.37, 0.61, 0.95];
+    const paths = { first: 0, retry: 0, redrawn: 0 };
+    let edgeTies = 0;
+    for (const [N, session] of [[1, sessions[0]!], [3, sessions[0]!], [3, sessions[1]!], [8, sessions[1]!]] as const) {
+      for (let trial = 0; trial < 12; trial++) {
+        const u = Float32Array.from({ length: rows.length * N }, () => rng.next());
+        const retry = Float32Array.from({ length: rows.length * N }, () => rng.next());
+        const out = await session.run({
+          logits: new ort.Tensor('float32', Float32Array.from(rows.flatMap((r) => [...r])), [rows.length, V]),
+          u: new ort.Tensor('float32', u, [rows.length, N]),
+          u_retry: new ort.Tensor('float32', retry, [rows.length, N]),
+          top_p: new ort.Tensor('float32', Float32Array.from(topPs), [rows.length, 1]),
+        });
+        const allProbs = out.probs!.data as Float32Array;
+        const tokens = out.token!.data as BigInt64Array;
+        const logps = out.token_logprob!.data as Float32Array;
+        rows.forEach((_, b) => {
+          const probs = allProbs.slice(b * V, (b + 1) * V);
+          const logprobs = probs.map((p) => Math.log(p));
+          const params = { ...SAMPLING_DEFAULTS, temperature: 1, top_p: topPs[b]!, stop: [] };
+          const nucleus = bruteForceNucleus(probs, topPs[b]!);
+          const edge = Math.min(...[...nucleus].map((v) => probs[v]!));
+          if (trial === 0 && N === 1 && probs.some((p, v) => p === edge && !nucleus.has(v))) edgeTies++;
+          for (let n = 0; n < N; n++) {
+            const i = b * N + n;
+            let k = 0;
+            const numbers = [u[i]!, retry[i]!];
+            const scripted = { next: () => numbers[k++]! } as unknown as Prng;
+            const [expected, lp] = chooseToken(logprobs, probs, params, scripted);
+            expect(Number(tokens[i]), `row ${b}, draw ${n} of ${N}${session === sessions[1] ? ', wide' : ''}`).toBe(expected);
+            expect(logps[i]).toBeCloseTo(lp, 5);
+            const at = (x: number) => { let run = 0; for (let v = 0; v < V; v++) if ((run += probs[v]!) > x * probs.reduce((s, q) => s + q, 0)) return v; return V - 1; };
+            paths[nucleus.has(at(u[i]!)) ? 'first' : nucleus.has(at(retry[i]!)) ? 'retry' : 'redrawn']++;
+          }
+        });
+      }
+    }
+    // Every branch of the rule was taken, and the edge fell inside a group of equal probabilities.
+    expect(Object.values(paths).every((count) => count > 5), JSON.stringify(paths)).toBe(true);
+    expect(edgeTies).toBeGreaterThan(0);
+    await Promise.all(sessions.map((s) => s.release()));
   });
 });
