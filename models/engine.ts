@@ -504,8 +504,8 @@ export class ModelEngine {
     let state: DecodeState | null = null;
     for (const [start, end] of blocks.slice(0, -1)) {
       const feeds = promptFeeds(this.dims, [p.tokens.slice(start, end)], [p.invTemperature], state);
-      // Only the last block's draws are kept; the others draw at any numbers.
-      if (p.kind === 'draw' || p.cut) Object.assign(feeds, uniformFeeds(p.kind, [p.draws!.map(() => ({ u: 0.5, retry: 0.5 }))], p.draws!.length));
+      // Only the last block's draws are kept: the others draw once, at any number.
+      if (p.kind === 'draw' || p.cut) Object.assign(feeds, uniformFeeds(p.kind, [[{ u: 0.5, retry: 0.5 }]], 1));
       if (p.cut) Object.assign(feeds, cutFeeds(p.cut, [p.cut.topP]));
       const result = await this.runNow(p.kind, feeds, this.presents, [p.adapter]);
       state = { past: this.presents.map((n) => result[n]!), batch: 1, length: end };
@@ -687,13 +687,14 @@ interface Uniforms {
   retry?: number;
 }
 
-/** The uniform numbers of a drawing graph run, `N` per row (rows with fewer padded at 0.5): `u`, and `u_retry` for a top_p draw, which each such draw must bring. */
+/**
+ * The uniform numbers of a drawing graph run, `N` per row (rows with fewer padded at 0.5): `u`, and `u_retry`
+ * for a top_p draw (startSequence and decodeRows see that each such draw brings one).
+ */
 function uniformFeeds(kind: StepKind, rows: Uniforms[][], N: number): Record<string, Feed> {
-  const of = (pick: (d: Uniforms) => number | undefined) =>
-    feed('float32', Float32Array.from({ length: rows.length * N }, (_, i) => { const d = rows[Math.floor(i / N)]![i % N]; return d ? pick(d)! : 0.5; }), [rows.length, N]);
-  if (!isNucleus(kind)) return { u: of((d) => d.u) };
-  if (rows.some((r) => r.some((d) => d.retry === undefined))) throw new Error('a top_p draw needs a retry number');
-  return { u: of((d) => d.u), u_retry: of((d) => d.retry) };
+  const of = (pick: (d: Uniforms) => number) =>
+    feed('float32', Float32Array.from({ length: rows.length * N }, (_, i) => { const d = rows[Math.floor(i / N)]![i % N]; return d ? pick(d) : 0.5; }), [rows.length, N]);
+  return isNucleus(kind) ? { u: of((d) => d.u), u_retry: of((d) => d.retry!) } : { u: of((d) => d.u) };
 }
 
 /** The inputs of a cut draw: each row's top_p, and k for a top-k one (one k per graph run). */

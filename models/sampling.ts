@@ -159,9 +159,9 @@ function drawNucleus(probs: Float32Array, topP: number, rng: Prng): number {
     return { token: V - 1, keptBefore };
   };
   const first = at(rng.next() * total).token;
-  const t = rng.next() * total;
-  const second = at(t);
+  const t = rng.next() * total; // taken whether needed or not: a seed's numbers go one way whatever the draw
   if (inside(first)) return first;
+  const second = at(t);
   if (inside(second.token)) return second.token;
   let u = ((t - second.keptBefore) / (total - kept)) * kept;
   let last = second.token;

@@ -338,6 +338,11 @@ interface Blocked {
   count: number;
 }
 
+/** The blocks of some of the rows (`take`: a gather along axis 0). */
+function rowsOf(blocked: Blocked, take: (x: Sym) => Sym): Blocked {
+  return { ...blocked, blocks: take(blocked.blocks), blockMass: take(blocked.blockMass) };
+}
+
 /** `x` ([B, vocab]) cut into the draw's blocks ([B, G, S], the last padded where need be), and each block's sum. */
 function inBlocks(g: GraphBuilder, x: Sym, vocab: number): Blocked {
   const { size, count } = drawBlocks(vocab);
@@ -347,9 +352,8 @@ function inBlocks(g: GraphBuilder, x: Sym, vocab: number): Blocked {
   return { blocks, blockMass: g.reduceSum(blocks, [2], false), size, count };
 }
 
-/** Σ x[j] over the ids j before each of `at` ([B, N]), by the draw's two levels: the blocks before, then within its block. */
-function sumBefore(g: GraphBuilder, x: Sym, at: Sym, vocab: number): Sym {
-  const { blocks, blockMass, size: S } = inBlocks(g, x, vocab);
+/** Σ x[j] over the ids j before each of `at` ([B, N]), `x` cut into the draw's blocks (inBlocks): the blocks before, then within its block. */
+function sumBefore(g: GraphBuilder, { blocks, blockMass, size: S }: Blocked, at: Sym): Sym {
   const block = g.div(at, g.constI([S]));
   const offset = g.sub(at, g.mul(block, g.constI([S])));
   const within = g.gatherElements(g.cumsumBefore(g.gatherRows(blocks, g.unsqueeze(block, [2])), 2), g.unsqueeze(offset, [2]), 2);
@@ -385,7 +389,7 @@ export function drawNucleusTokens(g: GraphBuilder, logits: Sym, u: Sym, retry: S
   const { token: first, total } = drawInBlocks(g, blocked, u);
   const target = g.mul(topP, total);
   const token = wide
-    ? byTheNucleus(g, probs, first, drawInBlocks(g, blocked, retry).token, retry, total, nucleusOf(g, probs, target), vocab)
+    ? byTheNucleus(g, probs, blocked, first, drawInBlocks(g, blocked, retry).token, retry, total, nucleusOf(g, probs, target), vocab)
     : settledByTests(g, probs, blocked, first, retry, target, total, vocab);
   return { token, logprob: g.log(g.gatherElements(probs, token, 1)) };
 }
@@ -406,7 +410,7 @@ function settledByTests(g: GraphBuilder, probs: Sym, blocked: Blocked, first: Sy
   const [token] = settleRowsWhere(g, firstIn, first, 'F', (b, rows) => {
     const take = (x: Sym) => b.gather(x, rows, 0);
     const [P, R, F, In, T, firstPs] = [probs, retry, first, firstIn, target, firstP].map(take) as [Sym, Sym, Sym, Sym, Sym, Sym];
-    const second = drawInBlocks(b, { ...blocked, blocks: take(blocked.blocks), blockMass: take(blocked.blockMass) }, R).token;
+    const second = drawInBlocks(b, rowsOf(blocked, take), R).token;
     const secondP = b.gatherElements(P, second, 1);
     // One pass for both: the mass at least as likely as the retry, and the mass at least as likely as a float
     // above the first token's probability (never more than that strictly above it: where it reaches the target,
@@ -421,9 +425,10 @@ function settledByTests(g: GraphBuilder, probs: Sym, blocked: Blocked, first: Sy
     // Still open: a first token that may be inside (a tie at the edge), or a retry that may be outside.
     const [tokens] = settleRowsWhere(b, settled, surely, 'L', (c, left) => {
       const at = c.gather(rows, left, 0);
-      const [P2, total2, target2] = [probs, total, target].map((x) => c.gather(x, at, 0)) as [Sym, Sym, Sym];
+      const takeOuter = (x: Sym) => c.gather(x, at, 0);
+      const [P2, total2, target2] = [probs, total, target].map(takeOuter) as [Sym, Sym, Sym];
       const [R2, F2, S2, done, sure] = [R, F, second, settled, surely].map((x) => c.gather(x, left, 0)) as [Sym, Sym, Sym, Sym, Sym];
-      const exact = byTheNucleus(c, P2, F2, S2, R2, total2, nucleusOf(c, P2, target2), vocab);
+      const exact = byTheNucleus(c, P2, rowsOf(blocked, takeOuter), F2, S2, R2, total2, nucleusOf(c, P2, target2), vocab);
       return [c.scatterRows(surely, left, c.where(done, sure, exact))];
     });
     return [b.scatterRows(first, rows, tokens!)];
@@ -438,11 +443,11 @@ function settledByTests(g: GraphBuilder, probs: Sym, blocked: Blocked, first: Sy
  * fell), as a fraction of their mass. Computed from the outside tokens' own mass, so rounding cannot give a
  * place below 0 or past the end, nor a token outside.
  */
-function byTheNucleus(g: GraphBuilder, probs: Sym, first: Sym, second: Sym, retry: Sym, total: Sym, kept: Sym, vocab: number): Sym {
+function byTheNucleus(g: GraphBuilder, probs: Sym, blocked: Blocked, first: Sym, second: Sym, retry: Sym, total: Sym, kept: Sym, vocab: number): Sym {
   const inside = (t: Sym) => g.greater(g.gatherElements(kept, t, 1), g.scalar(0));
-  const outside = g.sub(probs, kept);
-  const into = g.min(g.max(g.sub(g.mul(retry, total), sumBefore(g, probs, second, vocab)), g.scalar(0)), g.gatherElements(probs, second, 1));
-  const place = g.div(g.add(sumBefore(g, outside, second, vocab), into), g.reduceSum(outside, [1], true));
+  const outside = inBlocks(g, g.sub(probs, kept), vocab);
+  const into = g.min(g.max(g.sub(g.mul(retry, total), sumBefore(g, blocked, second)), g.scalar(0)), g.gatherElements(probs, second, 1));
+  const place = g.div(g.add(sumBefore(g, outside, second), into), g.reduceSum(outside.blockMass, [1], true));
   const again = inverseCdf(g, kept, g.min(place, g.scalar(1)), vocab).token;
   return g.where(inside(first), first, g.where(inside(second), second, again));
 }
@@ -454,9 +459,9 @@ function massAtLeast(g: GraphBuilder, probs: Sym, thresholds: Sym): Sym {
 }
 
 /**
- * `tokens` ([B, N]) where every draw of a row is `settled`; the other rows (their indices along axis 0, a
- * dimension named `rowsDim`, given to `settle`, which returns those rows' tokens in a one-element list) go through `settle`, in an If so that
- * a run whose draws are all settled does none of it.
+ * `tokens` ([B, N]) where every draw of a row is `settled`; the other rows go through `settle` (given their
+ * indices along axis 0, a dimension named `rowsDim`; it returns those rows' tokens in a one-element list),
+ * in an If so that a run whose draws are all settled does none of it.
  */
 function settleRowsWhere(g: GraphBuilder, settled: Sym, tokens: Sym, rowsDim: string, settle: (b: GraphBuilder, rows: Sym) => Sym[]): Sym[] {
   const rowSettled = g.reduceMin(g.cast(settled, 'float32'), [1]);
@@ -465,11 +470,11 @@ function settleRowsWhere(g: GraphBuilder, settled: Sym, tokens: Sym, rowsDim: st
 
 /**
  * Each row's nucleus ([B, vocab]: its probabilities inside, 0 outside): the fewest most likely tokens whose
- * mass reaches `target` ([B, 1], top_p of the row's total, the same the draw's tests use). No sort of the vocabulary: the
- * probabilities are bucketed by their logarithm (order-preserving), whole buckets are taken from the top
- * while their mass stays short, and only the bucket where it crosses `topP` is sorted (TopK, ties in id
- * order) to find how many of its tokens are in. An untrained model's nucleus at 0.95 holds most of the
- * vocabulary, so a top-k first cannot do.
+ * mass reaches `target` ([B, 1], top_p of the row's total, the same the draw's tests use). No sort of the
+ * vocabulary: the probabilities are bucketed by their logarithm (order-preserving), whole buckets are taken
+ * from the top while their mass stays short, and only the bucket where it crosses the target is sorted
+ * (TopK, ties in id order) to find how many of its tokens are in. An untrained model's nucleus at 0.95 holds
+ * most of the vocabulary, so a top-k first cannot do.
  */
 function nucleusOf(g: GraphBuilder, probs: Sym, target: Sym): Sym {
   const NB = NUCLEUS_BUCKETS;

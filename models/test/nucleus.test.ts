@@ -126,6 +126,7 @@ describe('the top_p draw in the graph', () => {
           const logprobs = probs.map((p) => Math.log(p));
           const params = { ...SAMPLING_DEFAULTS, temperature: 1, top_p: topPs[b]!, stop: [] };
           const nucleus = bruteForceNucleus(probs, topPs[b]!);
+          const whole = probs.reduce((sum, q) => sum + q, 0);
           const edge = Math.min(...[...nucleus].map((v) => probs[v]!));
           if (trial === 0 && N === 1 && probs.some((p, v) => p === edge && !nucleus.has(v))) edgeTies++;
           for (let n = 0; n < N; n++) {
@@ -136,7 +137,7 @@ describe('the top_p draw in the graph', () => {
             const [expected, lp] = chooseToken(logprobs, probs, params, scripted);
             expect(Number(tokens[i]), `row ${b}, draw ${n} of ${N}${session === sessions[1] ? ', wide' : ''}`).toBe(expected);
             expect(logps[i]).toBeCloseTo(lp, 5);
-            const at = (x: number) => { let run = 0; for (let v = 0; v < V; v++) if ((run += probs[v]!) > x * probs.reduce((s, q) => s + q, 0)) return v; return V - 1; };
+            const at = (x: number) => { let run = 0; for (let v = 0; v < V; v++) if ((run += probs[v]!) > x * whole) return v; return V - 1; };
             paths[nucleus.has(at(u[i]!)) ? 'first' : nucleus.has(at(retry[i]!)) ? 'retry' : 'redrawn']++;
           }
         });
