@@ -6,9 +6,8 @@ import { figure } from './figures.js';
 /** Trainer-plane figures over HTTP from a real server process: operation overhead, and the campaign round's wall time. */
 const MODEL = 'Qwen/Qwen3.5-2B';
 
-type Client = KeepAliveClient;
 
-function helpers(client: Client) {
+function helpers(client: KeepAliveClient) {
   const call = async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => (await client.send(method, path, body, headers)).json;
   const op = (trainer: string, name: string, body: unknown) => runOperation(client, trainer, name, body);
   return { call, op };
@@ -28,7 +27,7 @@ function campaignData() {
 }
 
 /** The guide's campaign round (campaign.py) against a server: its wall time in ms. */
-export function campaignRound(client: Client) {
+function campaignRound(client: KeepAliveClient) {
   const { call, op } = helpers(client);
   const { train, evalSet, prompts } = campaignData();
   return async () => {
@@ -74,7 +73,7 @@ async function coldRound(root: string, afterMs: number): Promise<{ startupMs: nu
 }
 
 /** 16 clients each doing a campaign round at once, on clients of their own: the slowest round against one alone. */
-export async function concurrentRounds(base: string, alone: number, clients = 16): Promise<number> {
+async function concurrentRounds(base: string, alone: number, clients = 16): Promise<number> {
   const own = Array.from({ length: clients }, () => keepAliveClient(base, 1));
   try {
     const rounds = own.map((c) => campaignRound(c));

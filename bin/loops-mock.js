@@ -5,5 +5,5 @@
 // it is a string and a comment. The settings give memory back to the system after a burst (docs/engine.md,
 // "Long sequences and memory"): buffers from 1 MB up get pages of their own (glibc otherwise keeps freed
 // multi-MB buffers in its heap for good), and gc lets the server collect right after runs stop and long
-// requests end (server/memory-return.ts). Plain POSIX sh and env, so busybox (Alpine) runs it too.
+// requests end (models/collect-soon.ts). Plain POSIX sh and env, so busybox (Alpine) runs it too.
 import '../dist/server/cli.js';

@@ -3,9 +3,9 @@ import { InlineRunner, WorkerRunner, type Runner } from './engine-runner.js';
 import { blockSequence, blocksOf, SequenceCache, type Block } from './blocks.js';
 import { cotangentFeed, feed, fitsOneRun, grownCaches, loraFeeds, ownCotangentFeeds, positionsOf, promptFeeds, rowCache, scoringUnits, sequenceFeeds, stepFeeds, topkRows, unpad, type DecodeRow, type DecodeState, type RowCache, type ScoredSequence, type ScoringLimits } from './feeds.js';
 import { freshAdapter, siteRank, versionKey, type LoraAdapter } from './lora.js';
-import { memberGrads } from './side-by-side.js';
+import { columnsOf, memberGrads } from './side-by-side.js';
 import type { Feed } from './runner-protocol.js';
-import { DECODE_KINDS, DEFAULT_DIMS, loraSites, MIXED_SLOTS, NUCLEUS_TESTS_UP_TO, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
+import { DECODE_KINDS, DEFAULT_DIMS, layerSites, loraSites, MIXED_SLOTS, NUCLEUS_TESTS_UP_TO, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
 
 export { DeviceUnavailableError } from './device-error.js';
 export type { DecodeRow, DecodeState, RowCache, ScoredSequence } from './feeds.js';
@@ -236,7 +236,7 @@ export class ModelEngine {
     this.pastGrads = Array.from({ length: this.dims.layers }, (_, l) => [`grad.past_k.${l}`, `grad.past_v.${l}`]).flat();
     const gradNames = (sites: LoraSite[]) => sites.flatMap((s) => [`grad.${s.key}.A`, `grad.${s.key}.B`]);
     this.gradNames = gradNames(this.sites);
-    this.layerSites = this.sites.filter((s) => s.key !== 'lm_head');
+    this.layerSites = layerSites(this.sites);
     this.layerGradNames = gradNames(this.layerSites);
     const config = { modelName, dims: this.dims, device: options.device ?? 'cpu', threads: options.threads, packAfterBatchedRows: options.packAfterBatchedRows };
     // onnxruntime is loaded only where graphs run: in the worker, or here on first use when inline.
@@ -364,7 +364,7 @@ export class ModelEngine {
     const outputs = kind === 'backward' ? ['logprobs', ...grads] : ['logprobs'];
     const result = await this.runNow(kind, feeds, outputs, adapters, rowAdapters);
     // Every layer site has the adapter's rank (SideBySide checks): one site's ranks place every site's columns.
-    const ranks = adapters.map((a) => siteRank(a.tensors.get(this.layerSites[0]!.key)!, this.layerSites[0]!));
+    const columns = kind === 'backward' && rowAdapters ? columnsOf(adapters.map((a) => siteRank(a.tensors.get(this.layerSites[0]!.key)!, this.layerSites[0]!))) : null;
     const logprobs = unpad(result.logprobs!, seqs);
     let at = 0;
     const results = batch.map((r, i): ScoringResult => {
@@ -373,7 +373,7 @@ export class ModelEngine {
       if (kind === 'forward') return { logprobs: own };
       if (!rowAdapters) return { logprobs: own, grads: result };
       const j = slots[i]!;
-      const ownGrads = memberGrads(this.layerSites, ranks, j, result);
+      const ownGrads = memberGrads(this.layerSites, columns!, j, result);
       ownGrads['grad.lm_head.A'] = result[`grad.lm_head.A.${j}`]!;
       ownGrads['grad.lm_head.B'] = result[`grad.lm_head.B.${j}`]!;
       return { logprobs: own, grads: ownGrads };
@@ -421,8 +421,9 @@ export class ModelEngine {
       const part = blockSequence(seq, block);
       const feeds = sequenceFeeds(this.dims, [part], cache.past(block[0]));
       if (kind === 'topk') feeds.k = feed('int64', BigInt64Array.from([BigInt(k)]), [1]);
-      const result = await this.run(kind, feeds, ['logprobs', ...this.blockKv, ...(kind === 'topk' ? ['topk_values', 'topk_indices'] : [])], adapter);
-      logprobs.set(unpad(result.logprobs!, [part])[0]!, block[0]);
+      // A backward pass takes every block's logprobs from its own backward run: here only the keys and values.
+      const result = await this.run(kind, feeds, [...(keysForBackward ? [] : ['logprobs']), ...this.blockKv, ...(kind === 'topk' ? ['topk_values', 'topk_indices'] : [])], adapter);
+      if (!keysForBackward) logprobs.set(unpad(result.logprobs!, [part])[0]!, block[0]);
       if (kind === 'topk') top.push(...topkRows(result.topk_values!, result.topk_indices! as unknown as BigInt64Array, [part], k)[0]!);
       this.blockKv.forEach((name, i) => cache.write(i, block[0], result[name]!));
     }

@@ -60,9 +60,12 @@ export interface ScoringLimits {
 
 /** Whether sequences fit one scoring run together: padded to the longest, within both limits. */
 export function fitsOneRun(seqs: ScoredSequence[], limits: ScoringLimits): boolean {
-  const T = Math.max(...seqs.map((s) => s.tokens.length));
-  const S = Math.max(...seqs.map(scoredCount));
-  return T * seqs.length <= limits.positions && S * seqs.length <= limits.scored;
+  return fitsShape(Math.max(...seqs.map((s) => s.tokens.length)), Math.max(...seqs.map(scoredCount)), seqs.length, limits);
+}
+
+/** Whether `n` sequences padded to `T` positions and `S` score slots fit one run. */
+function fitsShape(T: number, S: number, n: number, limits: ScoringLimits): boolean {
+  return T * n <= limits.positions && S * n <= limits.scored;
 }
 
 /**
@@ -72,18 +75,25 @@ export function fitsOneRun(seqs: ScoredSequence[], limits: ScoringLimits): boole
  */
 export function* scoringUnits(seqs: ScoredSequence[], limits: ScoringLimits): Generator<{ seqs: ScoredSequence[]; long: boolean }> {
   let chunk: ScoredSequence[] = [];
+  // The chunk's longest sequence and most score slots, kept as it grows.
+  let T = 0;
+  let S = 0;
   const flush = function* () {
     if (chunk.length) yield { seqs: chunk, long: false };
     chunk = [];
+    T = S = 0;
   };
   for (const s of seqs) {
-    if (s.tokens.length > limits.positions || scoredCount(s) > limits.scored) {
+    const scored = scoredCount(s);
+    if (s.tokens.length > limits.positions || scored > limits.scored) {
       yield* flush();
       yield { seqs: [s], long: true };
       continue;
     }
-    if (chunk.length && !fitsOneRun([...chunk, s], limits)) yield* flush();
+    if (chunk.length && !fitsShape(Math.max(T, s.tokens.length), Math.max(S, scored), chunk.length + 1, limits)) yield* flush();
     chunk.push(s);
+    T = Math.max(T, s.tokens.length);
+    S = Math.max(S, scored);
   }
   yield* flush();
 }

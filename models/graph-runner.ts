@@ -6,19 +6,15 @@ import { LruMap } from './lru.js';
 import { ADAPTER_CACHE_SIZE, AdapterNotCachedError, type AdapterRef, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
 import { versionKey } from './lora.js';
 import { SideBySide, type Member } from './side-by-side.js';
-import { baseWeights, buildGraph, buildMergeGraph, DECODE_KINDS, loraSites, MIXED_SLOTS, type GraphKind, type LoraSite } from './transformer.js';
+import { baseWeights, buildGraph, buildMergeGraph, DECODE_KINDS, layerSites, loraSites, MIXED_SLOTS, type GraphKind, type LoraSite } from './transformer.js';
 
-/** Adapters laid side by side, and their tensors as onnxruntime's. */
+/** Adapters laid side by side, and the feeds that depend on them alone (not on the rows) as onnxruntime's tensors. */
 interface Layout {
   sides: SideBySide;
   tensors: Record<string, ort.Tensor>;
 }
 
 const scaleOf = (tensors: Record<string, ort.Tensor>) => (tensors.lora_scale!.data as Float32Array)[0]!;
-
-function layoutOf(sides: SideBySide): Layout {
-  return { sides, tensors: Object.fromEntries(Object.entries(sides.tensors).map(([n, f]) => [n, new ort.Tensor('float32', f.data, f.dims)])) };
-}
 
 /** Rows one adapter version decodes (rows × steps) before its unembedding is merged (see worthMerging). */
 const MERGE_AFTER_DECODED_ROWS = 64;
@@ -81,7 +77,7 @@ export class GraphRunner {
   private readonly layerSites: LoraSite[];
 
   constructor(private readonly config: RunnerConfig) {
-    this.layerSites = loraSites(config.dims).filter((s) => s.key !== 'lm_head');
+    this.layerSites = layerSites(loraSites(config.dims));
     for (const w of baseWeights(config.modelName, config.dims)) this.baseFeeds[`base.${w.name}`] = new ort.Tensor('float32', w.data, w.shape);
   }
 
@@ -131,24 +127,29 @@ export class GraphRunner {
     const key = req.adapters.map(versionKey).join(',');
     let layout = this.layouts.get(key);
     if (!layout) {
-      const members = tensors.map((t): Member => ({ scale: scaleOf(t), tensors: t as unknown as Record<string, Feed> }));
-      layout = layoutOf(new SideBySide(this.layerSites, members));
+      layout = this.layoutOf(tensors);
       this.layouts.set(key, layout);
     }
     const slotRows = new BigInt64Array(MIXED_SLOTS + 1);
     for (const j of rows) slotRows[j + 1]!++;
     for (let j = 1; j <= MIXED_SLOTS; j++) slotRows[j]! += slotRows[j - 1]!;
-    const scales = new Float32Array(MIXED_SLOTS);
-    const feeds: Record<string, ort.Tensor> = { ...layout.tensors, slot_rows: new ort.Tensor('int64', slotRows, [MIXED_SLOTS + 1]), slot_scale: new ort.Tensor('float32', scales, [MIXED_SLOTS]) };
     const lora = layout.sides.rowScales(rows);
-    feeds.lora_rows = new ort.Tensor('float32', lora.data, lora.dims);
+    return { ...layout.tensors, slot_rows: new ort.Tensor('int64', slotRows, [MIXED_SLOTS + 1]), lora_rows: new ort.Tensor('float32', lora.data, lora.dims) };
+  }
+
+  /** The layer sites side by side, and each adapter's unembedding LoRA and scale in its slot (unused slots empty). */
+  private layoutOf(tensors: Record<string, ort.Tensor>[]): Layout {
+    const sides = new SideBySide(this.layerSites, tensors.map((t): Member => ({ scale: scaleOf(t), tensors: t as unknown as Record<string, Feed> })));
+    const feeds = Object.fromEntries(Object.entries(sides.tensors).map(([n, f]) => [n, new ort.Tensor('float32', f.data, f.dims)]));
+    const scales = new Float32Array(MIXED_SLOTS);
     for (let j = 0; j < MIXED_SLOTS; j++) {
       const t = tensors[j];
       if (t) scales[j] = scaleOf(t);
       feeds[`lora.lm_head.A.${j}`] = t?.['lora.lm_head.A'] ?? this.emptySlot.A;
       feeds[`lora.lm_head.B.${j}`] = t?.['lora.lm_head.B'] ?? this.emptySlot.B;
     }
-    return feeds;
+    feeds.slot_scale = new ort.Tensor('float32', scales, [MIXED_SLOTS]);
+    return { sides, tensors: feeds };
   }
 
   /** An unused slot's unembedding LoRA: rank 0, so it costs nothing. */
@@ -226,7 +227,7 @@ export class GraphRunner {
    * so only an adapter version that keeps decoding in batches gets one.
    */
   private async packedSession(kind: GraphKind, a: AdapterRef, tensors: Record<string, ort.Tensor>, rows: number): Promise<ort.InferenceSession | null> {
-    const key = `${a.id}:${a.version}:${kind}`;
+    const key = `${versionKey(a)}:${kind}`;
     const found = this.packed.get(key);
     if (found) return found;
     if (rows < 2 || this.config.device === 'cuda') return null;

@@ -1,4 +1,4 @@
-import type { GraphKind, ModelDims } from './transformer.js';
+import { MIXED_SLOTS, type GraphKind, type ModelDims } from './transformer.js';
 
 /** The messages between a ModelEngine and the GraphRunner on its worker thread (no onnxruntime here). */
 /** A tensor as plain data, so that it can cross to a worker thread. */
@@ -52,7 +52,7 @@ export class AdapterNotCachedError extends Error {
 
 /**
  * Adapters kept per runner: each holds rank × vocabulary floats for the unembedding alone (2.4 MB at Qwen's
- * vocabulary and the capped rank 4). As many as one mixed-adapter batch may hold (MAX_BATCH_REQUESTS), so
+ * vocabulary and the capped rank 4). As many as one mixed-adapter run may hold (its unembedding slots), so
  * concurrent runs batched together are not resent every run.
  */
-export const ADAPTER_CACHE_SIZE = 16;
+export const ADAPTER_CACHE_SIZE = MIXED_SLOTS;

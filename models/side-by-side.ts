@@ -13,8 +13,15 @@ export interface Member {
   tensors: Record<string, Feed>;
 }
 
-/** Where each member's columns start, given each member's rank, and how many there are in all. */
-export function columnsOf(ranks: number[]): { starts: number[]; ranks: number[]; total: number } {
+/** Each member's rank, where its columns start, and how many there are in all. */
+export interface Columns {
+  starts: number[];
+  ranks: number[];
+  total: number;
+}
+
+/** The columns of members of ranks `ranks`, side by side in order. */
+export function columnsOf(ranks: number[]): Columns {
   const starts: number[] = [];
   let total = 0;
   for (const r of ranks) {
@@ -27,8 +34,7 @@ export function columnsOf(ranks: number[]): { starts: number[]; ranks: number[];
 export class SideBySide {
   readonly tensors: Record<string, Feed> = {};
   private readonly scales: number[];
-  /** Each member's first column and rank, and the total. */
-  private readonly columns: { starts: number[]; ranks: number[]; total: number };
+  private readonly columns: Columns;
 
   /** `sites`: the layer sites (the unembedding's LoRA is applied per adapter instead). */
   constructor(sites: LoraSite[], members: Member[]) {
@@ -64,11 +70,10 @@ export class SideBySide {
 
 /**
  * One member's LoRA gradients out of a mixed-adapter backward run (`grad.<site>.A` [in, Σr], `.B` [Σr, out],
- * members side by side in order, of ranks `ranks`, the same at every layer site): its own columns of A and
- * rows of B, copied out under the same names.
+ * members side by side in order in `columns`, the same at every layer site): its own columns of A and rows
+ * of B, copied out under the same names.
  */
-export function memberGrads(sites: LoraSite[], ranks: number[], member: number, result: Record<string, Float32Array>): Record<string, Float32Array> {
-  const { starts, total } = columnsOf(ranks);
+export function memberGrads(sites: LoraSite[], { starts, ranks, total }: Columns, member: number, result: Record<string, Float32Array>): Record<string, Float32Array> {
   const start = starts[member]!;
   const r = ranks[member]!;
   const out: Record<string, Float32Array> = {};

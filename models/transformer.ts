@@ -59,6 +59,11 @@ export function loraSites(dims: ModelDims, unembeddingRank = DEFAULT_UNEMBEDDING
   return sites;
 }
 
+/** The sites inside the layers: all but the unembedding, which a mixed-adapter run takes in slots instead. */
+export function layerSites(sites: LoraSite[]): LoraSite[] {
+  return sites.filter((s) => s.key !== 'lm_head');
+}
+
 export interface BaseWeight {
   name: string;
   shape: number[];
@@ -149,16 +154,15 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
   const scale = mixed ? null : g.input('lora_scale', 'float32', []);
   const base = new Map<string, Sym>();
   for (const w of baseWeightShapes(dims)) base.set(w.name, g.input(`base.${w.name}`, 'float32', w.shape));
-  const lora = new Map<string, { A: Sym; B: Sym; scale: Sym }>();
-  const rowScales = mixed ? g.input('lora_rows', 'float32', ['B', 1, 'r']) : null;
-  for (const site of loraSites(dims)) {
-    if (mixed && site.key === 'lm_head') continue;
+  const lora = new Map<string, { A: Sym; B: Sym }>();
+  // One scale for every site: the run's, or in a mixed run each row's over its own adapter's columns.
+  const loraScale = scale ?? g.input('lora_rows', 'float32', ['B', 1, 'r']);
+  for (const site of mixed ? layerSites(loraSites(dims)) : loraSites(dims)) {
     // Sites with a rank cap may have a rank of their own: a dimension name of their own.
     const r = site.maxRank === undefined ? 'r' : `r_${site.key}`;
     lora.set(site.key, {
       A: g.input(`lora.${site.key}.A`, 'float32', [site.inDim, r]),
       B: g.input(`lora.${site.key}.B`, 'float32', [r, site.outDim]),
-      scale: scale ?? rowScales!,
     });
   }
   // A mixed run's unembedding LoRA: each slot's adapter on its own rows.
@@ -172,14 +176,15 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
   const W = (name: string) => base.get(name)!;
   /** x·W + (scale·x·A)·B: the base projection plus its LoRA update (scaled at rank width, not output width). */
   const proj = (x: Sym, key: string, weight: Sym) => {
-    const { A, B, scale: s } = lora.get(key)!;
-    return g.add(g.matmul(x, weight), g.matmul(g.mul(g.matmul(x, A), s), B));
+    const { A, B } = lora.get(key)!;
+    return g.add(g.matmul(x, weight), g.matmul(g.mul(g.matmul(x, A), loraScale), B));
   };
   /** x·W_embed plus, per slot, its adapter's (s·x·A)·B on its own rows, the slots' updates stacked back in row order. */
   const unembedSlots = (x: Sym) => {
-    const at = (j: number) => g.slice(slotRows!, g.constI([j]), g.constI([j + 1]), [0], [1]);
+    // Slot j's rows run from bound j to bound j + 1.
+    const bounds = Array.from({ length: MIXED_SLOTS + 1 }, (_, j) => g.slice(slotRows!, g.constI([j]), g.constI([j + 1]), [0], [1]));
     const updates = slots.map(({ A, B }, j) => {
-      const rows = g.slice(x, at(j), at(j + 1), [0], [`n_${j}`, ...x.shape.slice(1)]);
+      const rows = g.slice(x, bounds[j]!, bounds[j + 1]!, [0], [`n_${j}`, ...x.shape.slice(1)]);
       return g.matmul(g.mul(g.matmul(rows, A), g.gather(slotScale!, g.constI([j]), 0)), B);
     });
     return g.add(g.matmul(x, W('embed_t')), g.concat(updates, 0, [...x.shape.slice(0, -1), dims.vocab]));
@@ -187,8 +192,8 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
   const unembed = (x: Sym) => (mixed ? unembedSlots(x) : proj(x, 'lm_head', W('embed_t')));
   /** The unembedding with LoRA merged into the weight first: one product, no extra pass over [positions × vocab]. */
   const unembedMerged = (x: Sym) => {
-    const { A, B, scale: s } = lora.get('lm_head')!;
-    return g.matmul(x, g.add(W('embed_t'), g.matmul(g.mul(A, s), B)));
+    const { A, B } = lora.get('lm_head')!;
+    return g.matmul(x, g.add(W('embed_t'), g.matmul(g.mul(A, loraScale), B)));
   };
   const rmsnorm = (x: Sym, weight: Sym) => g.mul(g.div(x, g.sqrt(g.add(g.reduceMean(g.mul(x, x), [-1]), g.scalar(NORM_EPS)))), weight);
   // rotate_half as a constant matrix: x·R = concat(-x₂, x₁), so rotary needs no slicing.

@@ -35,9 +35,8 @@ interface Acknowledged {
   files: Map<string, string> | null;
 }
 
-type Client = KeepAliveClient;
 
-async function filesOf(base: string, client: Client, id: string): Promise<Map<string, string>> {
+async function filesOf(base: string, client: KeepAliveClient, id: string): Promise<Map<string, string>> {
   const listed = await client.send('GET', `/v1/loops/checkpoints/${id}/files`);
   if (listed.status !== 200) throw new Error(`files of ${id}: ${listed.status} ${JSON.stringify(listed.json)}`);
   const out = new Map<string, string>();

@@ -29,12 +29,10 @@ export interface SoakReport {
 
 /** Short timeouts, so that a request the server leaves waiting shows as a 408 well within the 30 s hang bound. */
 const SERVER_FLAGS = ['--long-poll-ms', '2000', '--floor-wait-ms', '500', '--headers-timeout-ms', '2000', '--body-timeout-ms', '5000', '--log-level', 'silent'];
-/** The key startServerProcess polls with: the soak's main server must accept it. */
-export const SOAK_KEY = BENCH_KEY;
-
 export async function runSoak(options: SoakOptions): Promise<SoakReport> {
   const started = performance.now();
-  const main = await startServerProcess(options.root, [...SERVER_FLAGS, '--api-key', `${SOAK_KEY}:soak-org`, '--api-key', 'soak-other:other-org']);
+  // The main server accepts the key startServerProcess polls with.
+  const main = await startServerProcess(options.root, [...SERVER_FLAGS, '--api-key', `${BENCH_KEY}:soak-org`, '--api-key', 'soak-other:other-org']);
   const admin = await startServerProcess(options.root, [...SERVER_FLAGS, '--admin', '--admin-token', 'soak-admin']);
   let fuzz: FuzzFigures;
   let raw: RawFigures;
@@ -43,10 +41,10 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
     fuzz = await runFuzz(openapi, {
       cases: options.cases,
       seed: options.seed,
-      main: { base: main.base, auth: { authorization: `Bearer ${SOAK_KEY}` }, other: { authorization: 'Bearer soak-other' } },
+      main: { base: main.base, auth: { authorization: `Bearer ${BENCH_KEY}` }, other: { authorization: 'Bearer soak-other' } },
       admin: { base: admin.base, auth: { authorization: 'Bearer soak-admin' }, other: { authorization: 'Bearer not-the-admin-token' } },
     });
-    raw = await runMalformedHttp(Number(new URL(main.base).port), SOAK_KEY, options.rawCases, options.seed);
+    raw = await runMalformedHttp(Number(new URL(main.base).port), BENCH_KEY, options.rawCases, options.seed);
   } finally {
     main.stop();
     admin.stop();
