@@ -10,6 +10,7 @@ import { deploymentRoutes } from './control/deployments.js';
 import { samplerRoutes } from './control/samplers.js';
 import { sessionAndRunRoutes } from './control/sessions-runs.js';
 import { Views } from './control/views.js';
+import { AnswerCache } from './http/answer-cache.js';
 import { apiKeyOf, requirePrincipal } from './http/auth.js';
 import { createBaseApp, type FrontOfHouse } from './http/base-app.js';
 import { dashboardRoutes } from './dashboard/routes.js';
@@ -30,7 +31,7 @@ export type AppOptions = Pick<ServerOptions, 'bodyLimit' | 'logLevel' | 'logForm
 /** Builds the Fastify app over a core: the shared base (http/), then every front door as an encapsulated plugin. */
 export async function buildApp(core: LoopsCore, options: AppOptions): Promise<FastifyInstance> {
   const { app, routes } = createBaseApp(core, options);
-  const ctx: ControlContext = { core, views: new Views(core, options.urls) };
+  const ctx: ControlContext = { core, views: new Views(core, options.urls), answers: new AnswerCache(core) };
 
   // Control plane: every route needs an API key.
   await app.register(async (control) => {

@@ -1,6 +1,7 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { LoopsCore } from '../core/core.js';
+import type { AnswerCache } from '../http/answer-cache.js';
 import type { Views } from './views.js';
 
 export type TypedApp = FastifyInstance<any, any, any, any, TypeBoxTypeProvider>;
@@ -8,6 +9,14 @@ export type TypedApp = FastifyInstance<any, any, any, any, TypeBoxTypeProvider>;
 export interface ControlContext {
   core: LoopsCore;
   views: Views;
+  /** The list routes' answers, kept while the records stand still. */
+  answers: AnswerCache;
+}
+
+/** A list's answer for this caller and URL (path and query), built by `build` when none is kept. */
+export function keptAnswer<T extends object>(ctx: ControlContext, request: FastifyRequest, build: () => T): T {
+  const p = request.principal;
+  return ctx.answers.get(`${p.org_id} ${p.team_id} ${p.user_id} ${request.url}`, build);
 }
 
 /** Response schemas of a route: its 200 body. Errors share one shape, which /openapi.json adds to every route. */

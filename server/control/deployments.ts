@@ -3,7 +3,7 @@ import { totalmem } from 'node:os';
 import type { Static } from 'typebox';
 import { invalid } from '../core/errors.js';
 import type { ControlContext, TypedApp } from './context.js';
-import { replies } from './context.js';
+import { keptAnswer, replies } from './context.js';
 import {
   DeactivateRunResponse, DeploymentIdParams, DeploymentResponse, GetLoopsDeploymentMetricsRequestV1, ListDeploymentsResponse, LogsQuery,
   LogsResponse, MetricsResponse, ScopeQuery,
@@ -31,7 +31,7 @@ export function deploymentRoutes(app: TypedApp, ctx: ControlContext, dataDir: st
 
   app.get('/v1/loops/deployments', {
     schema: { tags, summary: 'List deployments, every status (your own unless scope=org)', querystring: ScopeQuery, response: replies(ListDeploymentsResponse) },
-  }, (req) => ({ deployments: core.fleet.listDeployments(req.principal, req.query).map((d) => views.deployment(d)) }));
+  }, (req) => keptAnswer(ctx, req, () => ({ deployments: core.fleet.listDeployments(req.principal, req.query).map((d) => views.deployment(d)) })));
 
   app.get('/v1/loops/deployments/:deployment_id', {
     schema: { tags, summary: 'Get a deployment', params: DeploymentIdParams, response: replies(DeploymentResponse) },
@@ -46,7 +46,7 @@ export function deploymentRoutes(app: TypedApp, ctx: ControlContext, dataDir: st
 
   app.get('/v1/loops/deployments/:deployment_id/logs', {
     schema: { tags, summary: "The deployment's log lines: lifecycle events and every request its trainer and sampler served", params: DeploymentIdParams, querystring: LogsQuery, response: replies(LogsResponse) },
-  }, (req) => logsReply(ctx, core.fleet.getDeployment(req.principal, req.params.deployment_id).id, req.query));
+  }, (req) => keptAnswer(ctx, req, () => logsReply(ctx, core.fleet.getDeployment(req.principal, req.params.deployment_id).id, req.query)));
 
   app.post('/v1/loops/deployments/:deployment_id/metrics', {
     schema: { tags, summary: "The deployment's request counters and process resources over a time range", params: DeploymentIdParams, body: GetLoopsDeploymentMetricsRequestV1, response: replies(MetricsResponse) },

@@ -1,5 +1,5 @@
 import type { ControlContext, TypedApp } from './context.js';
-import { replies, teamOf } from './context.js';
+import { keptAnswer, replies, teamOf } from './context.js';
 import {
   CreateLoopsSamplerRequestV1, DeactivateResponseV1, DeploymentTombstoneV1, DeploymentV1, ListSamplersResponse, LogsQuery, LogsResponse,
   ModelDeploymentParams, SamplerIdParams, SamplerResponse, ScopeQuery, TeamIdParams, UpdateDeploymentRequestV1,
@@ -17,10 +17,10 @@ export function samplerRoutes(app: TypedApp, ctx: ControlContext): void {
 
     app.get(`${prefix}/samplers`, {
       schema: { tags, summary: 'List samplers, paired and standalone, newest first', ...params, querystring: ScopeQuery, response: replies(ListSamplersResponse) },
-    }, (req) => {
+    }, (req) => keptAnswer(ctx, req, () => {
       const teamId = teamScoped ? teamOf(ctx, req) : undefined;
       return { samplers: core.fleet.listSamplers(req.principal, { scope: req.query.scope, teamId }).map((s) => views.sampler(s)) };
-    });
+    }));
 
     app.post(`${prefix}/samplers`, {
       schema: { tags, summary: 'Create a standalone sampler ({base_model}) or pair one with a run ({run_id})', ...params, body: CreateLoopsSamplerRequestV1, response: replies(SamplerResponse) },

@@ -1,5 +1,5 @@
 import type { ControlContext, TypedApp } from './context.js';
-import { replies, teamOf } from './context.js';
+import { keptAnswer, replies, teamOf } from './context.js';
 import {
   CreateLoopsRunRequestV1, CreateSessionRequest, DeactivateRunResponse, ListRunsQuery, ListRunsResponse, RunIdParams, RunResponse,
   SessionIdParams, SessionResponse, TeamIdParams,
@@ -23,10 +23,10 @@ export function sessionAndRunRoutes(app: TypedApp, ctx: ControlContext): void {
 
     app.get(`${prefix}/runs`, {
       schema: { tags, summary: 'List runs (every status; your own unless scope=org)', ...params, querystring: ListRunsQuery, response: replies(ListRunsResponse) },
-    }, (req) => {
+    }, (req) => keptAnswer(ctx, req, () => {
       const teamId = teamScoped ? teamOf(ctx, req) : undefined;
       return { runs: core.fleet.listRuns(req.principal, { ...req.query, teamId }).map((r) => views.run(r)) };
-    });
+    }));
 
     for (const [route, withSampler, summary] of [
       ['runs', true, 'Create a run: a trainer and its paired sampler'],

@@ -36,6 +36,7 @@ export class Store {
   private readonly trimLogs: Database.Statement;
   /** Lines written per deployment since its last trim: every LOG_TRIM_EVERY lines its oldest beyond LOGS_PER_DEPLOYMENT go. */
   private readonly sinceTrim = new Map<string, number>();
+  private writes = 0;
 
   constructor(dataDir?: string) {
     if (dataDir) mkdirSync(dataDir, { recursive: true });
@@ -62,6 +63,14 @@ export class Store {
     );
   }
 
+  /**
+   * Counts every write. Every change to a record reaches the store (persistence needs it), so while this
+   * number stands still an answer built from records and log lines is still true: front doors may keep one.
+   */
+  get version(): number {
+    return this.writes;
+  }
+
   get durable(): boolean {
     return this.file !== ':memory:';
   }
@@ -72,6 +81,7 @@ export class Store {
   }
 
   put(kind: RecordKind, id: string, value: unknown): void {
+    this.writes++;
     this.upsert.run(kind, id, JSON.stringify(value));
   }
 
@@ -81,6 +91,7 @@ export class Store {
   }
 
   appendLog(log: LogRecord): void {
+    this.writes++;
     this.insertLog.run(log.deployment_id, log.ts_ms, log.level, LOG_LEVELS.indexOf(log.level), log.message, log.replica, log.request_id);
     // Every request writes a line: a long-lived deployment keeps its newest LOGS_PER_DEPLOYMENT, trimmed now and then.
     const n = (this.sinceTrim.get(log.deployment_id) ?? 0) + 1;
@@ -111,6 +122,7 @@ export class Store {
   }
 
   setMeta(key: string, value: string): void {
+    this.writes++;
     this.db.prepare('INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value').run(key, value);
   }
 

@@ -9,7 +9,8 @@ import { installFaults } from './fault-hook.js';
 import { installJournal } from './journal-hook.js';
 import { answerClientError } from './client-errors.js';
 import { createServerLog, logRequest, type LogFormat } from './server-log.js';
-import { serializerCompiler, validatorCompiler } from './validation.js';
+import { serializerCompiler } from './answer-cache.js';
+import { validatorCompiler } from './validation.js';
 
 export interface BaseAppOptions {
   bodyLimit: number;

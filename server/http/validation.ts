@@ -59,14 +59,6 @@ export function compileSchemasSoon(afterMs = 100): void {
   setTimeout(step, afterMs).unref();
 }
 
-/**
- * Responses are serialised with JSON.stringify: the views already build
- * exactly the schema's fields, and fast-json-stringify resolves every
- * `T | null` with a runtime validation, which made list routes several
- * times slower. The response schemas still document every route.
- */
-export const serializerCompiler = () => (data: unknown) => JSON.stringify(data);
-
 const PART_NAMES: Record<string, string> = { body: 'body', querystring: 'query', params: 'path', headers: 'header' };
 
 export interface ValidationProblem {
