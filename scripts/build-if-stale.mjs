@@ -1,5 +1,6 @@
 #!/usr/bin/env node
 // `npm start` builds only when a source is newer than the last build: a built checkout starts at once.
+// `npm run build` passes --always. Either way the build ends the same: the stamp written, the commands executable.
 import { execFileSync } from 'node:child_process';
 import { chmodSync, existsSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -24,8 +25,9 @@ function newest(path) {
 
 const sources = Math.max(...SOURCES.map((d) => newest(join(root, d))), ...CONFIGS.map((f) => statSync(join(root, f)).mtimeMs));
 const built = existsSync(stamp) ? statSync(stamp).mtimeMs : 0;
-if (sources > built || !existsSync(join(root, 'dist', 'server', 'cli.js'))) {
-  process.stderr.write('loops-mock: building (sources changed since the last build)...\n');
+const always = process.argv.includes('--always');
+if (always || sources > built || !existsSync(join(root, 'dist', 'server', 'cli.js'))) {
+  if (!always) process.stderr.write('loops-mock: building (sources changed since the last build)...\n');
   execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
   writeFileSync(stamp, `${new Date().toISOString()}\n`);
 }

@@ -158,9 +158,10 @@ export class Trainers {
     const vocab = this.engines.vocabSize(run.base_model);
     try {
       const config = resolveLossConfig(loss, body.loss_fn_config);
+      const length = this.fleet.lengthLimit(run.max_seq_len, "run's max_seq_len");
       const data = body.data.map((d, i): TrainingDatum => {
         const at = `data[${i}]`;
-        const tokens = modelInputTokens(d.model_input, `${at}.model_input`, { ...this.fleet.lengthLimit(run.max_seq_len, "run's max_seq_len"), use: 'trains on' });
+        const tokens = modelInputTokens(d.model_input, `${at}.model_input`, { ...length, use: 'trains on' });
         const arrays: Record<string, number[]> = {};
         for (const [name, tensor] of Object.entries(d.loss_fn_inputs ?? {})) {
           const field = `${at}.loss_fn_inputs.${name}`;
