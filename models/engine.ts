@@ -80,8 +80,10 @@ export interface RowStep {
 
 /** Requests gathered into one batch at most (prompts, or decode steps). */
 const MAX_BATCH_REQUESTS = MIXED_SLOTS;
-/** How long a decode batch waits for sampling streams still choosing their tokens. */
+/** How long a decode batch waits for sampling streams still choosing their tokens, and a prefill for returning clients. */
 const BATCH_WAIT_MS = 3;
+/** A sampling stream that ended this recently counts as a client about to send its next prompt. */
+const RETURN_WINDOW_MS = 10;
 /**
  * Logits one scoring run may hold, in floats: 512 rows of Qwen's vocabulary (311 MB). A backward run holds
  * about three such tensors at its peak, so a 4,096-token forward_backward peaks near 1.7 GB resident
@@ -209,12 +211,28 @@ export class ModelEngine {
     schedule: (queue) => void this.inTurn(() => queue.runBatch()),
   });
 
-  /** Each prompt queues one turn; the first turn to come takes every prompt of its key waiting by then. */
-  private readonly prompts = new BatchQueue<PromptRequest, SequenceStart>({
+  /**
+   * When sampling streams ended, oldest first, less one for each prompt that came since: each is likely a
+   * client about to send its next prompt (an RL loop's samplers finish a step together and come back together).
+   */
+  private readonly returning: number[] = [];
+
+  private returningClients(): number {
+    const since = performance.now() - RETURN_WINDOW_MS;
+    while (this.returning.length && this.returning[0]! < since) this.returning.shift();
+    return this.returning.length;
+  }
+
+  /**
+   * Prompts gather until the next turn of the event loop, and wait a little for clients whose streams just
+   * ended: otherwise the first prompt back is prefilled alone, the others after it, and the streams that
+   * finished one step together decode out of step from then on (fewer rows a step, more steps).
+   */
+  private readonly prompts: BatchQueue<PromptRequest, SequenceStart> = new BatchQueue<PromptRequest, SequenceStart>({
     keyOf: (p) => this.batchKey(p.adapter, p.kind, p.cut),
     maxBatch: MAX_BATCH_REQUESTS,
-    run: (batch) => this.prefill(batch),
-    schedule: (queue) => void this.inTurn(() => queue.runBatch()),
+    run: (batch) => this.inTurn(() => this.prefill(batch)),
+    schedule: flushSoon(() => this.prompts.size + this.returningClients(), BATCH_WAIT_MS),
   });
 
   /** Decode steps gather until the next turn of the event loop, and wait a little for streams still choosing. */
@@ -484,6 +502,7 @@ export class ModelEngine {
   startSequence(tokens: number[], adapter: LoraAdapter, invTemperature: number, draws: number[] | null, cut: TopCut | null = null, retries: number[] | null = null): Promise<SequenceStart> {
     const kind = draws === null ? 'decode' : draws[0]! < 0 ? 'greedy' : cut ? cutKind(cut, draws.length) : 'draw';
     if (isNucleus(kind) && retries?.length !== draws!.length) throw new Error('a top_p draw needs one retry number per draw');
+    this.returning.shift();
     return this.prompts.push({ tokens, adapter, invTemperature, kind, draws, retries, cut: kind === 'draw_top' || isNucleus(kind) ? cut : null });
   }
 
@@ -558,7 +577,7 @@ export class ModelEngine {
     this.streams++;
     let open = true;
     return () => {
-      if (open) { open = false; this.streams--; }
+      if (open) { open = false; this.streams--; this.returning.push(performance.now()); }
     };
   }
 

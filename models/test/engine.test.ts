@@ -240,6 +240,25 @@ describe('sampling', () => {
     }
   });
 
+  it('prefills together the next prompts of clients whose samples ended together, though they come back a millisecond or two apart', async () => {
+    const adapter = perturbedTrainer(7).adapter;
+    const prompts = [[5, 17, 300, 2], [9, 8, 7], [1000, 2000, 3000, 4000], [42]];
+    const backAfterMs = [0, 1, 1, 2];
+    const runs = vi.spyOn((engine as unknown as { runner: { run: () => unknown } }).runner, 'run');
+    try {
+      // Four samples end in one step; each client sends its next prompt when its answer has reached it.
+      const ends = prompts.map(() => engine.openStream());
+      for (const end of ends) end();
+      await Promise.all(prompts.map(async (p, i) => {
+        await new Promise((r) => setTimeout(r, backAfterMs[i]));
+        return engine.startSequence(p, adapter, 1, [0.5]);
+      }));
+      expect(runs).toHaveBeenCalledTimes(1);
+    } finally {
+      runs.mockRestore();
+    }
+  });
+
   it('prefills prompts of different lengths that arrive together in one graph run, as if each ran alone', async () => {
     const adapter = perturbedTrainer(6).adapter;
     const prompts = [[5, 17, 300, 2], [9, 8, 7, 6, 5, 4, 3, 2, 1], [1000, 2000, 3000, 4000, 5000, 6000]];
