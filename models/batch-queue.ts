@@ -69,16 +69,19 @@ export class BatchQueue<T, R> implements Batches {
 /**
  * Runs batches from the next turn of the event loop until none waits; each
  * first waits up to `waitMs` (1 ms at a time) while fewer requests wait than
- * `expected()`, so that requests about to come join it.
+ * `expected()`, so that requests about to come join it. `gaveUp` is told when
+ * a wait ran out with fewer than expected: those did not come.
  */
-export function flushSoon(expected: () => number, waitMs: number): BatchSchedule {
+export function flushSoon(expected: () => number, waitMs: number, gaveUp?: () => void): BatchSchedule {
   let flushing = false;
   return (queue) => {
     if (flushing) return;
     flushing = true;
     setImmediate(async () => {
       while (queue.size) {
-        for (let waited = 0; queue.size < expected() && waited < waitMs; waited++) await new Promise((r) => setTimeout(r, 1));
+        let waited = 0;
+        for (; queue.size < expected() && waited < waitMs; waited++) await new Promise((r) => setTimeout(r, 1));
+        if (waited === waitMs && queue.size < expected()) gaveUp?.();
         await queue.runBatch();
       }
       flushing = false;

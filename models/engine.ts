@@ -214,6 +214,8 @@ export class ModelEngine {
   /**
    * When sampling streams ended, oldest first, less one for each prompt that came since: each is likely a
    * client about to send its next prompt (an RL loop's samplers finish a step together and come back together).
+   * Which prompt is whose is not known: a stream whose client never came back would make the next lone client
+   * wait for itself, so a wait that runs out forgets them all.
    */
   private readonly returning: number[] = [];
 
@@ -232,7 +234,7 @@ export class ModelEngine {
     keyOf: (p) => this.batchKey(p.adapter, p.kind, p.cut),
     maxBatch: MAX_BATCH_REQUESTS,
     run: (batch) => this.inTurn(() => this.prefill(batch)),
-    schedule: flushSoon(() => this.prompts.size + this.returningClients(), BATCH_WAIT_MS),
+    schedule: flushSoon(() => this.prompts.size + this.returningClients(), BATCH_WAIT_MS, () => { this.returning.length = 0; }),
   });
 
   /** Decode steps gather until the next turn of the event loop, and wait a little for streams still choosing. */
@@ -502,7 +504,8 @@ export class ModelEngine {
   startSequence(tokens: number[], adapter: LoraAdapter, invTemperature: number, draws: number[] | null, cut: TopCut | null = null, retries: number[] | null = null): Promise<SequenceStart> {
     const kind = draws === null ? 'decode' : draws[0]! < 0 ? 'greedy' : cut ? cutKind(cut, draws.length) : 'draw';
     if (isNucleus(kind) && retries?.length !== draws!.length) throw new Error('a top_p draw needs one retry number per draw');
-    this.returning.shift();
+    // This prompt is one of the clients counted as returning (stale ones dropped first, so it takes a fresh one).
+    if (this.returningClients()) this.returning.shift();
     return this.prompts.push({ tokens, adapter, invTemperature, kind, draws, retries, cut: kind === 'draw_top' || isNucleus(kind) ? cut : null });
   }
 

@@ -60,14 +60,19 @@ describe('BatchQueue', () => {
   it('flushSoon gathers what is pushed in the same turn, and waits for the expected requests a few milliseconds at most', async () => {
     const batches: number[][] = [];
     let expected = 3;
-    const queue = new BatchQueue<number, number>({ keyOf: () => '', maxBatch: 16, run: async (b) => (batches.push(b), b), schedule: flushSoon(() => expected, 3) });
+    let gaveUp = 0;
+    const queue = new BatchQueue<number, number>({ keyOf: () => '', maxBatch: 16, run: async (b) => (batches.push(b), b), schedule: flushSoon(() => expected, 3, () => gaveUp++) });
     await Promise.all([queue.push(1), queue.push(2)]);
     expect(batches).toEqual([[1, 2]]);
+    expect(gaveUp).toBe(1);
+    expected = 2;
     const late = queue.push(3);
     setTimeout(() => void queue.push(4), 1);
     await late;
+    expect(gaveUp).toBe(1);
     expected = 1;
     await queue.push(5);
     expect(batches).toEqual([[1, 2], [3, 4], [5]]);
+    expect(gaveUp).toBe(1);
   });
 });

@@ -240,22 +240,46 @@ describe('sampling', () => {
     }
   });
 
-  it('prefills together the next prompts of clients whose samples ended together, though they come back a millisecond or two apart', async () => {
+  it('prefills together the next prompts of clients whose samples ended together, though they come back in turns of their own', async () => {
     const adapter = perturbedTrainer(7).adapter;
     const prompts = [[5, 17, 300, 2], [9, 8, 7], [1000, 2000, 3000, 4000], [42]];
-    const backAfterMs = [0, 1, 1, 2];
     const runs = vi.spyOn((engine as unknown as { runner: { run: () => unknown } }).runner, 'run');
     try {
-      // Four samples end in one step; each client sends its next prompt when its answer has reached it.
+      // Four samples end in one step; each client sends its next prompt when its answer has reached it (a few
+      // turns of the event loop apart, as HTTP answers reach their clients one after another).
       const ends = prompts.map(() => engine.openStream());
       for (const end of ends) end();
       await Promise.all(prompts.map(async (p, i) => {
-        await new Promise((r) => setTimeout(r, backAfterMs[i]));
+        for (let turn = 0; turn < i; turn++) await new Promise((r) => setImmediate(r));
         return engine.startSequence(p, adapter, 1, [0.5]);
       }));
       expect(runs).toHaveBeenCalledTimes(1);
     } finally {
       runs.mockRestore();
+    }
+  });
+
+  it('waits for a client that never came back once only: a lone client looping after it is not held up', async () => {
+    const adapter = perturbedTrainer(8).adapter;
+    const waits = vi.spyOn(globalThis, 'setTimeout');
+    const millisecondsWaited = () => waits.mock.calls.filter(([, ms]) => ms === 1).length;
+    try {
+      const gone = engine.openStream();
+      let mine = engine.openStream();
+      gone();
+      mine();
+      // Its own next prompt could be taken for the one that left: the prefill waits (3 ms at most) and gives up.
+      await engine.startSequence([5, 17, 300, 2], adapter, 1, [0.5]);
+      expect(millisecondsWaited()).toBeLessThanOrEqual(3);
+      waits.mockClear();
+      for (let i = 0; i < 4; i++) {
+        mine = engine.openStream();
+        mine();
+        await engine.startSequence([5, 17, 300, 2], adapter, 1, [0.5]);
+      }
+      expect(millisecondsWaited()).toBe(0);
+    } finally {
+      waits.mockRestore();
     }
   });
 
