@@ -54,6 +54,9 @@ export class AnswerCache {
   }
 
   private drop(): void {
+    // The journal may keep an answer object for longer (--journal-detail full): its bytes go now. One still on
+    // its way out is then serialised by JSON.stringify, to the same text.
+    for (const answer of this.answers.values()) keptBytes.delete(answer);
     this.answers.clear();
     this.bytes = 0;
   }
