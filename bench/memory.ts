@@ -9,7 +9,6 @@ const PEAK_TARGET_MB = 2048;
 const RETURN_TARGET_MB = 100;
 const LENGTH = 4096;
 
-
 /** Resets the process's peak resident memory to its current one (clear_refs 5). */
 function resetPeak(pid: number): void {
   writeFileSync(`/proc/${pid}/clear_refs`, '5');

@@ -6,7 +6,6 @@ import { figure } from './figures.js';
 /** Trainer-plane figures over HTTP from a real server process: operation overhead, and the campaign round's wall time. */
 const MODEL = 'Qwen/Qwen3.5-2B';
 
-
 function helpers(client: KeepAliveClient) {
   const call = async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => (await client.send(method, path, body, headers)).json;
   const op = (trainer: string, name: string, body: unknown) => runOperation(client, trainer, name, body);

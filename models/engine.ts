@@ -413,7 +413,6 @@ export class ModelEngine {
     return attention <= this.blockLimits.attentionFloats && fitsOneRun(seqs, limits);
   }
 
-
   /** Adds a run's LoRA gradients into `grads` (by `<site>.A` / `<site>.B`). */
   private addGrads(grads: Map<string, Float32Array>, result: Record<string, Float32Array>): void {
     for (const name of this.gradNames) {
@@ -669,8 +668,6 @@ export class ModelEngine {
    */
   onLongSequence?: () => void;
 }
-
-
 
 /**
  * A batch's requests with each adapter version's together, versions in order of first arrival (stable within

@@ -35,7 +35,6 @@ interface Acknowledged {
   files: Map<string, string> | null;
 }
 
-
 async function filesOf(base: string, client: KeepAliveClient, id: string): Promise<Map<string, string>> {
   const listed = await client.send('GET', `/v1/loops/checkpoints/${id}/files`);
   if (listed.status !== 200) throw new Error(`files of ${id}: ${listed.status} ${JSON.stringify(listed.json)}`);
