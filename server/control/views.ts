@@ -29,6 +29,11 @@ const INSTANCE_TYPE = {
   gpu_memory_limit_mib: null,
 };
 
+/** The rank, as the quickstart's checkpoint listing shows an adapter's config; the whole PEFT config is in the checkpoint's adapter_config.json. */
+function loraAdapterSummary(config: Record<string, unknown> | null): { r: number } | null {
+  return typeof config?.r === 'number' ? { r: config.r } : null;
+}
+
 /** Shapes core records into the wire objects of Baseten's schema. */
 export class Views {
   constructor(private readonly core: LoopsCore, private readonly urls: PublicUrls) {}
@@ -113,14 +118,16 @@ export class Views {
 
   checkpoint(c: CheckpointRecord) {
     return {
-      // Mirrors Tinker: the id within the run, the bt:// path without its run prefix.
-      checkpoint_id: `${c.target === 'trainer' ? 'weights' : 'sampler_weights'}/${c.name}`,
+      // As the quickstart lists them: checkpoint_id is the bare name (a trainer and a sampler checkpoint of one run
+      // may share it; target tells them apart), every checkpoint is a LoRA, the adapter config shows its rank alone,
+      // and sync_status is null (the folder is whole before its record exists).
+      checkpoint_id: c.name,
       created_at: iso(c.created_at),
-      checkpoint_type: c.target === 'trainer' ? 'training' : 'sampler',
+      checkpoint_type: 'lora',
       base_model: c.base_model,
-      lora_adapter_config: c.lora_adapter_config,
+      lora_adapter_config: loraAdapterSummary(c.lora_adapter_config),
       size_bytes: c.files.reduce((sum, f) => sum + f.size_bytes, 0),
-      sync_status: 'COMPLETE',
+      sync_status: null,
       id: c.id,
       run_id: c.run_id,
       target: c.target,

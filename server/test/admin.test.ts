@@ -611,7 +611,7 @@ describe('state after injected failures', () => {
     await admin.clearFaults();
     expect((await api.call('GET', `${trainer}/policy_version`)).body.policy_version).toBe(4);
     const listed = (await api.call('GET', `/v1/loops/checkpoints?run_id=${run.id}`)).body.checkpoints as { checkpoint_id: string; id: string }[];
-    expect(listed.map((c) => c.checkpoint_id).sort()).toEqual(['weights/s0', 'weights/s1', 'weights/s2', 'weights/s3']);
+    expect(listed.map((c) => c.checkpoint_id).sort()).toEqual(['s0', 's1', 's2', 's3']);
     for (const c of listed) {
       const files = (await api.call('GET', `/v1/loops/checkpoints/${c.id}/files`)).body.presigned_urls as { url: string }[];
       expect(files.length).toBeGreaterThan(0);

@@ -218,7 +218,8 @@ describe('checkpoints', () => {
     const byRun = await api.get(`/v1/loops/checkpoints?run_id=${run.id}`);
     expect(byRun.body.checkpoints.map((c: any) => c.id).sort()).toEqual([trainer.id, sampler.id].sort());
     const t = byRun.body.checkpoints.find((c: any) => c.target === 'trainer');
-    expect(t).toMatchObject({ checkpoint_id: 'weights/final', checkpoint_type: 'training', base_model: run.base_model, run_id: run.id, sync_status: 'COMPLETE', lora_adapter_config: { r: 16 } });
+    expect(t).toMatchObject({ checkpoint_id: 'final', checkpoint_type: 'lora', base_model: run.base_model, run_id: run.id, sync_status: null, lora_adapter_config: { r: 16 } });
+    expect(byRun.body.checkpoints.find((c: any) => c.target === 'sampler')).toMatchObject({ checkpoint_id: 'final', checkpoint_type: 'lora', sync_status: null });
     expect(t.id).toMatch(/^[A-Za-z0-9]{7}$/);
     expect(t.size_bytes).toBe(fakeCheckpointFiles(2).reduce((s, f) => s + f.data.byteLength, 0));
     expect((await api.get(`/v1/loops/checkpoints?base_model=${run.base_model}`)).body.checkpoints).toHaveLength(2);

@@ -130,7 +130,7 @@ describe('shutdown with work in hand', () => {
     const second = await startTestServer({ dataDir });
     try {
       const listed = (await client(second).get(`/v1/loops/checkpoints?run_id=${run.id}`)).body.checkpoints;
-      expect(listed.map((c: any) => c.checkpoint_id)).toEqual(['weights/running']);
+      expect(listed.map((c: any) => c.checkpoint_id)).toEqual(['running']);
       expect(readdirSync(folders)).toEqual([listed[0].id]);
     } finally {
       await second.close();

@@ -28,8 +28,10 @@ describe('--unembedding-rank', () => {
     const { run, trainer } = await newRun(api);
     await api.op(trainer, 'save_weights_for_sampler', { name: 'wide' });
     const [checkpoint] = (await api.call('GET', `/v1/loops/checkpoints?run_id=${run.id}`)).body.checkpoints;
-    expect(checkpoint.lora_adapter_config).toMatchObject({ r: 16, rank_pattern: {}, alpha_pattern: {} });
+    expect(checkpoint.lora_adapter_config).toEqual({ r: 16 });
     const files = (await api.call('GET', `/v1/loops/checkpoints/${checkpoint.id}/files`)).body.presigned_urls;
+    const config = await (await fetch(files.find((f: any) => f.relative_file_name === 'adapter_config.json').url)).json();
+    expect(config).toMatchObject({ r: 16, rank_pattern: {}, alpha_pattern: {} });
     const bytes = new Uint8Array(await (await fetch(files.find((f: any) => f.relative_file_name === 'adapter_model.safetensors').url)).arrayBuffer());
     expect(decodeSafetensors(bytes).tensors.get('base_model.model.lm_head.lora_B.weight')!.shape).toEqual([151669, 16]);
   });
@@ -64,12 +66,15 @@ describe('the campaign round of the programmatic-training guide, over HTTP', () 
     expect(server.core.samplerWeights.version(run.sampler.id)).toBe(2);
 
     const listed = (await api.call('GET', `/v1/loops/checkpoints?run_id=${run.id}`)).body.checkpoints;
-    expect(listed.map((c: any) => c.checkpoint_id).sort()).toEqual(['sampler_weights/final', 'weights/final']);
+    // As the quickstart lists them: the bare name for both, told apart by target.
+    expect(listed.map((c: any) => [c.checkpoint_id, c.target]).sort()).toEqual([['final', 'sampler'], ['final', 'trainer']]);
     const sampler = listed.find((c: any) => c.target === 'sampler');
-    // The unembedding's rank is capped (4 by default), as the record and the files say.
-    expect(sampler.lora_adapter_config).toMatchObject({ r: 16, lora_alpha: 32, rank_pattern: { lm_head: 4 }, alpha_pattern: { lm_head: 8 }, base_model_name_or_path: MODEL });
+    expect(sampler.lora_adapter_config).toEqual({ r: 16 });
     const files = (await api.call('GET', `/v1/loops/checkpoints/${sampler.id}/files`)).body.presigned_urls;
     expect(files.map((f: any) => f.relative_file_name).sort()).toEqual(['adapter_config.json', 'adapter_model.safetensors']);
+    // The unembedding's rank is capped (4 by default), as the adapter's own config says.
+    const config = await (await fetch(files.find((f: any) => f.relative_file_name === 'adapter_config.json').url)).json();
+    expect(config).toMatchObject({ r: 16, lora_alpha: 32, rank_pattern: { lm_head: 4 }, alpha_pattern: { lm_head: 8 }, base_model_name_or_path: MODEL });
     const weights = files.find((f: any) => f.relative_file_name === 'adapter_model.safetensors');
     const bytes = new Uint8Array(await (await fetch(weights.url)).arrayBuffer());
     expect(bytes.length).toBe(weights.size_bytes);
