@@ -170,7 +170,9 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
   const routes: RouteOptions[] = [];
   app.addHook('onRoute', (route) => { routes.push(route as RouteOptions); });
   // A route that takes no body refuses one rather than ignore it (an empty body, or {}, is no body).
+  // Hooks run for the not-found handler too: an unknown route is a 404 whatever its body.
   app.addHook('preValidation', async (request) => {
+    if (request.is404) return;
     const takesBody = (request.routeOptions.schema as { body?: unknown } | undefined)?.body !== undefined;
     const body = request.body;
     if (takesBody || body === undefined || body === null) return;

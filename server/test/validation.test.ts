@@ -85,6 +85,20 @@ describe('transport errors', () => {
       expect(res.body.error.nearest_route, url).toBe(nearest);
     }
   });
+
+  it('answers 404 for an unknown route that gets a JSON body, not a 400 about the body', async () => {
+    const run = await newRun(api);
+    const sampler = new URL(run.sampler.base_url).pathname;
+    const cases: [string, unknown, string][] = [
+      ['/v1/loops/checkpoints/publish', { checkpoint_ids: ['VqKXRGB'], model_name: 'm' }, 'POST /v1/loops/checkpoints/validate'],
+      [`${sampler}/v1/chat/completion`, { model: 'step-1', messages: [{ role: 'user', content: 'hi' }] }, 'POST /sampler/{sampler_id}/v1/completions'],
+    ];
+    for (const [url, body, nearest] of cases) {
+      const res = await api.post(url, body);
+      expect([res.status, res.body.error.type], url).toEqual([404, 'route_not_found']);
+      expect(res.body.error.nearest_route, url).toBe(nearest);
+    }
+  });
 });
 
 describe('never a 500 for client input', () => {
