@@ -33,6 +33,12 @@ interface TrainerState {
  */
 export class Trainers {
   private readonly states = new Map<string, TrainerState>();
+  /**
+   * Each run's policy version: one more for every change of its weights (an optimizer step, a load, a fresh
+   * adapter). It never goes back, so a publication after a load outranks what the sampler serves; kept after the
+   * run stops (the version it reached stays readable).
+   */
+  private readonly versions = new Map<string, number>();
 
   constructor(
     private readonly fleet: Fleet,
@@ -55,7 +61,14 @@ export class Trainers {
   }
 
   policyVersion(run: RunRecord): number {
-    return this.states.get(run.id)?.trainer?.step ?? 0;
+    return this.versions.get(run.id) ?? 0;
+  }
+
+  /** The version after a change of weights: one more, or the step a resumed optimizer restored if that is higher. */
+  private nextVersion(run: RunRecord, atLeast = 0): number {
+    const version = Math.max(this.policyVersion(run) + 1, atLeast);
+    this.versions.set(run.id, version);
+    return version;
   }
 
   /**
@@ -100,7 +113,7 @@ export class Trainers {
         const hp = checkAdam(request.body.adam_params ?? {});
         return async (t) => {
           const metrics = t.optimStep(hp);
-          return { metrics, policy_version: t.step };
+          return { metrics, policy_version: this.nextVersion(run) };
         };
       }
       case 'save_state':
@@ -116,8 +129,9 @@ export class Trainers {
           const path = `bt://loops:${run.id}/sampler_weights/${c.name}`;
           // Publish to the paired sampler (created now if the run has none, as the SDK does lazily).
           const sampler = this.fleet.pairSampler(run);
-          this.samplerWeights.publish(sampler.id, { version: t.step, adapter: t.snapshot(), path });
-          return { path, policy_version: t.step };
+          const version = this.policyVersion(run);
+          this.samplerWeights.publish(sampler.id, { version, adapter: t.snapshot(), path });
+          return { path, policy_version: version };
         };
       }
       case 'load_state':
@@ -130,6 +144,7 @@ export class Trainers {
         if (rank !== undefined && rank !== run.lora_rank) throw invalid(`path holds a rank-${rank} adapter; this run's lora_rank is ${run.lora_rank}. Use init_trainer_server {lora_rank: ${rank}} first, or a run of that rank.`, { field: 'path' });
         return async (t) => {
           t.load(this.checkpoints.readFiles(c), withOptimizer);
+          this.nextVersion(run, t.step);
           return { path };
         };
       }
@@ -141,7 +156,7 @@ export class Trainers {
         return async (t) => {
           t.reset(rank, alpha);
           this.fleet.setLoraRank(run, rank);
-          return { lora_rank: rank, lora_alpha: alpha, policy_version: t.step };
+          return { lora_rank: rank, lora_alpha: alpha, policy_version: this.nextVersion(run) };
         };
       }
     }

@@ -134,6 +134,61 @@ describe('version floors', () => {
   });
 });
 
+describe('versions after a load', () => {
+  it('a publication after load_state goes live on both replicas and serves the next floor; versions never go back', async () => {
+    const c = await start({ samplerReplicas: 2, weightSyncDelayMs: [0, 300], floorWaitMs: 50 });
+    const { run, trainer, sampler } = await c.run();
+    const tokens = promptTokens;
+    const promptLogprobs = async (floor: number) => {
+      const r = await c.call('POST', `${sampler}/compute_logprobs`, { prompt: { chunks: [{ type: 'encoded_text', tokens }] } }, { 'x-min-policy-version': String(floor) });
+      expect(r.status, JSON.stringify(r.body)).toBe(200);
+      return r.body as { logprobs: (number | null)[]; policy_version: number };
+    };
+    const trainerLogprobs = async () => {
+      const targets = tokens.map((_, i) => (i + 1 < tokens.length ? tokens[i + 1]! : -100));
+      const fwd = await c.op(trainer, 'forward', { data: [{ model_input: { chunks: [{ type: 'encoded_text', tokens }] }, loss_fn_inputs: { target_tokens: { data: targets, dtype: 'int64' } } }], loss_fn: 'cross_entropy' });
+      return (fwd.loss_fn_outputs[0].logprobs.data as number[]).slice(0, tokens.length - 1);
+    };
+    const versions: number[] = [];
+    const trainerVersion = async () => { const v = (await c.call('GET', `${trainer}/policy_version`)).body.policy_version; versions.push(v); return v; };
+
+    expect((await c.trainAndPublish(trainer, 'step-1')).policy_version).toBe(1);
+    await c.op(trainer, 'save_state', { name: 'step-1' });
+    expect((await c.trainAndPublish(trainer, 'step-2')).policy_version).toBe(2);
+    await trainerVersion();
+    const beforeLoad = await promptLogprobs(2);
+
+    await c.op(trainer, 'load_state', { path: `bt://loops:${run.id}/weights/step-1` });
+    // A load changes the weights: a new version, above everything published so far.
+    expect(await trainerVersion()).toBe(3);
+    const published = await c.trainAndPublish(trainer, 'after-load');
+    expect(published.policy_version).toBe(4);
+    expect(await trainerVersion()).toBe(4);
+
+    // The next floor-pinned request gets the post-load weights, not the v2 ones.
+    const afterLoad = await promptLogprobs(published.policy_version);
+    expect(afterLoad.policy_version).toBe(4);
+    const expected = await trainerLogprobs();
+    expected.forEach((lp, i) => expect(Math.abs(afterLoad.logprobs[i + 1]! - lp)).toBeLessThan(1e-4));
+    expect(Math.max(...expected.map((lp, i) => Math.abs(beforeLoad.logprobs[i + 1]! - lp)))).toBeGreaterThan(1e-3);
+
+    // Both replicas go live at the new version.
+    await sleep(350);
+    expect((await c.call('GET', `${sampler}/policy_version`)).body).toMatchObject({ policy_version: 4, replicas: [{ replica: 0, policy_version: 4 }, { replica: 1, policy_version: 4 }], published_version: 4 });
+    for (const key of ['alpha', 'beta', 'gamma', 'delta']) {
+      const r = await c.call('POST', `${sampler}/compute_logprobs`, { prompt: { chunks: [{ type: 'encoded_text', tokens }] } }, { 'x-min-policy-version': '4', 'x-affinity-key': key });
+      expect(r.status).toBe(200);
+      expected.forEach((lp, i) => expect(Math.abs(r.body.logprobs[i + 1] - lp)).toBeLessThan(1e-4));
+    }
+
+    // init_trainer_server is a new adapter too: the version moves on, never back.
+    const init = await c.op(trainer, 'init_trainer_server', { lora_rank: 8 });
+    expect(init.policy_version).toBe(5);
+    await trainerVersion();
+    expect(versions).toEqual([...versions].sort((a, b) => a - b));
+  });
+});
+
 describe('sampling routes', () => {
   it("reports the trainer's logprobs for sampled tokens at the same version, and compute_logprobs agrees", async () => {
     const c = await start();
