@@ -255,8 +255,9 @@ export class Fleet {
 
   // ---- deployments -------------------------------------------------------
 
+  /** Deployments not STOPPED, as Baseten lists them (what is provisioned now); getDeployment still finds a stopped one. */
   listDeployments(p: Principal, filter: ListScope): DeploymentRecord[] {
-    return newestFirst(this.visible([...this.deployments.values()], p, filter));
+    return newestFirst(this.visible([...this.deployments.values()].filter((d) => d.status !== 'STOPPED'), p, filter));
   }
 
   getDeployment(p: Principal, id: string): DeploymentRecord {
@@ -434,8 +435,10 @@ export class Fleet {
       prior = this.getRun(p, input.reuse_from_run_id, 'reuse_from_run_id');
       if (prior.base_model !== baseModel) throw invalid(`reuse_from_run_id: run ${prior.id} uses ${prior.base_model}, not ${baseModel}; reuse needs the same base model.`, { field: 'reuse_from_run_id' });
       if (prior.team_id !== teamId) throw invalid(`reuse_from_run_id: run ${prior.id} belongs to another team; reuse needs the same team.`, { field: 'reuse_from_run_id' });
-    } else if (input.reuse_from_session_id) {
-      const session = this.getSession(p, input.reuse_from_session_id, 'reuse_from_session_id');
+    } else {
+      // A session holds one trainer per base model (concepts page): without a reuse field, a second run of the same
+      // model in the same session takes over that trainer, as reuse_from_session_id of its own session would.
+      const session = input.reuse_from_session_id ? this.getSession(p, input.reuse_from_session_id, 'reuse_from_session_id') : this.getSession(p, input.session_id, 'session_id');
       prior = [...this.runs.values()]
         .filter((r) => r.session_id === session.id && r.base_model === baseModel && r.team_id === teamId && r.status === 'ACTIVE')
         .sort((a, b) => b.created_at - a.created_at)[0];
@@ -601,13 +604,13 @@ export class Fleet {
     return model;
   }
 
-  /** A run's max_seq_len or a sampler's max_seq_length: within the model's context and this server's limit; omitted, the smaller of the two. */
+  /** A run's max_seq_len or a sampler's max_seq_length: within the model's context; omitted, the model's maximum. */
   private checkSeqLength(requested: number | null | undefined, baseModel: string, field = 'max_seq_length'): number {
     const max = findBaseModel(baseModel)!.maxContextLength;
-    const limit = this.options.maxSeqLenLimit;
-    const value = requested ?? Math.min(max, limit);
+    // A declaration, defaulting to the model's maximum as documented: what a request actually sends is bounded by
+    // this server's --max-seq-len-limit at that request (lengthLimit).
+    const value = requested ?? max;
     if (value < 1 || value > max) throw invalid(`${field} ${value} is out of range for ${baseModel}: use 1..${max}, or omit it.`, { field });
-    if (value > limit) throw invalid(`${field} ${value} is above this server's limit of ${limit} positions per sequence: start loops-mock with --max-seq-len-limit ${value} (or set max_seq_len_limit through the admin API) to allow it.`, { field, limit, setting: 'max_seq_len_limit' });
     return value;
   }
 

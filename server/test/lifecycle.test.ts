@@ -133,6 +133,28 @@ describe('reuse', () => {
     expect(otherModel.deployment_id).not.toBe(old.deployment_id);
   });
 
+  it('one trainer per session and base model: a second run of the same model in a session takes over its trainer', async () => {
+    await start();
+    const session = await newSession(api);
+    const first = await newRun(api, { session_id: session });
+    const second = await newRun(api, { session_id: session });
+    expect(second.id).not.toBe(first.id);
+    expect(second.deployment_id).toBe(first.deployment_id);
+    expect(second.sampler.id).toBe(first.sampler.id);
+    expect((await api.get(`/v1/loops/runs/${first.id}`)).body.run.status.name).toBe('INACTIVE');
+    expect((await api.get(`/v1/loops/runs/${second.id}`)).body.run.status.name).toBe('ACTIVE');
+    const logs = (await api.get(`/v1/loops/deployments/${first.deployment_id}/logs`)).body.logs.map((l: any) => l.message);
+    expect(logs).toContain(`Run ${first.id} INACTIVE: replaced by run ${second.id}`);
+    // A trainer-only run of that model takes it over too; another base model gets a trainer of its own.
+    const trainerOnly = await newRun(api, { session_id: session }, '/v1/loops/trainers');
+    expect(trainerOnly.deployment_id).toBe(first.deployment_id);
+    expect((await api.get(`/v1/loops/runs/${second.id}`)).body.run.status.name).toBe('INACTIVE');
+    const otherModel = await newRun(api, { session_id: session, base_model: 'Qwen/Qwen3-8B' });
+    expect(otherModel.deployment_id).not.toBe(first.deployment_id);
+    const live = (await api.get('/v1/loops/runs')).body.runs.filter((r: any) => r.session_id === session && r.status.name === 'ACTIVE');
+    expect(live.map((r: any) => r.id).sort()).toEqual([trainerOnly.id, otherModel.id].sort());
+  });
+
   it('replaces a dead run with a fresh trainer, and refuses a different base model', async () => {
     await start();
     const old = await newRun(api);

@@ -45,20 +45,26 @@ describe('4,096-token sequences on default settings', () => {
 });
 
 describe("the server's sequence limit (--max-seq-len-limit, 8192 by default)", () => {
-  it('is the default max_seq_len, and a longer one is a 400 naming the flag', async () => {
+  it("takes any declared max_seq_len up to the model's maximum (its default); a request whose tokens pass the limit is the 400 naming the flag", async () => {
     server = await startTestServer();
     const api = http(server.url);
+    // The docs default max_seq_len to the model's maximum: 131,072 for Qwen3.5-2B.
     const { run } = await newRun(api);
-    const { res } = await newRun(api, { max_seq_len: 8192 });
-    expect(res.status).toBe(200);
-    expect(server.core.fleet.findRun(run.id)!.max_seq_len).toBe(8192);
-    const refused = (await newRun(api, { max_seq_len: 32768 })).res;
-    expect(refused.status).toBe(400);
-    expect(refused.body.error).toMatchObject({ type: 'invalid_request', field: 'max_seq_len', limit: 8192 });
-    expect(refused.body.error.message).toMatch(/above this server's limit of 8192 .*--max-seq-len-limit 32768/);
-    const sampler = await api.call('POST', '/v1/loops/samplers', { session_id: run.session_id, base_model: MODEL, max_seq_length: 10_000 });
-    expect(sampler.status).toBe(400);
-    expect(sampler.body.error).toMatchObject({ field: 'max_seq_length', limit: 8192 });
+    expect(server.core.fleet.findRun(run.id)!.max_seq_len).toBe(131_072);
+    const declared = await newRun(api, { max_seq_len: 32_768 });
+    expect(declared.res.status).toBe(200);
+    expect(server.core.fleet.findRun(declared.run.id)!.max_seq_len).toBe(32_768);
+    const sampler = await api.call('POST', '/v1/loops/samplers', { session_id: run.session_id, base_model: MODEL, max_seq_length: 100_000 });
+    expect(sampler.status).toBe(200);
+    // Beyond the model's own maximum is still out of range.
+    const tooLong = (await newRun(api, { max_seq_len: 131_073 })).res;
+    expect([tooLong.status, tooLong.body.error.field]).toEqual([400, 'max_seq_len']);
+    expect(tooLong.body.error.message).toMatch(/use 1\.\.131072/);
+    // What a request sends is bounded by the server's --max-seq-len-limit (8,192 by default), at that request.
+    const long = ids(8200);
+    const fb = await api.call('POST', `${declared.trainer}/forward`, { data: [wireDatum(long, long)], loss_fn: 'cross_entropy' });
+    expect(fb.status).toBe(400);
+    expect(fb.body.error.message).toMatch(/data\[0\]\.model_input has 8200 tokens; the server's --max-seq-len-limit \(raise it to allow longer\) is 8192/);
   });
 
   it('refuses longer inputs with a 400 naming the limit, also for runs made before it was lowered', async () => {
