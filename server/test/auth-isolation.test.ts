@@ -86,7 +86,9 @@ describe('team-scoped routes', () => {
     const session = (await alice.post(`/v1/teams/${research}/loops/sessions`)).body.session.id;
     const inTeam = (await alice.post(`/v1/teams/${research}/loops/runs`, { session_id: session, base_model: 'Qwen/Qwen3-8B' })).body.run;
     expect(inTeam.sampler).not.toBeNull();
-    const trainerOnly = (await alice.post(`/v1/teams/${research}/loops/trainers`, { session_id: session, base_model: 'Qwen/Qwen3-8B' })).body.run;
+    // A session holds one trainer per base model: the trainer-only run gets a session of its own.
+    const trainerSession = (await alice.post(`/v1/teams/${research}/loops/sessions`)).body.session.id;
+    const trainerOnly = (await alice.post(`/v1/teams/${research}/loops/trainers`, { session_id: trainerSession, base_model: 'Qwen/Qwen3-8B' })).body.run;
     expect(trainerOnly.sampler).toBeNull();
     const otherSession = (await alice.post(`/v1/teams/${defaultTeam}/loops/sessions`)).body.session.id;
     const inDefault = (await alice.post(`/v1/teams/${defaultTeam}/loops/runs`, { session_id: otherSession, base_model: 'Qwen/Qwen3-8B' })).body.run;
