@@ -1,10 +1,12 @@
+import type { Static } from 'typebox';
+import type { Principal } from '../core/records.js';
 import type { ControlContext, TypedApp } from './context.js';
 import { keptAnswer, replies, teamOf } from './context.js';
 import {
-  CreateLoopsSamplerRequestV1, DeactivateResponseV1, DeploymentTombstoneV1, DeploymentV1, ListSamplersResponse, LogsQuery, LogsResponse,
+  CreateLoopsSamplerRequestV1, DeactivateResponseV1, DeploymentTombstoneV1, DeploymentV1, ListSamplersResponse, LogsBody, LogsQuery, LogsResponse,
   ModelDeploymentParams, SamplerIdParams, SamplerResponse, ScopeQuery, TeamIdParams, UpdateDeploymentRequestV1,
 } from './schemas.js';
-import { logsReply } from './deployments.js';
+import { logsAnswer, logsReply } from './deployments.js';
 
 /** Loops samplers, and the generic model-deployment API through which clients poll and deactivate them. */
 export function samplerRoutes(app: TypedApp, ctx: ControlContext): void {
@@ -49,13 +51,16 @@ export function samplerRoutes(app: TypedApp, ctx: ControlContext): void {
     return { id: s.model_deployment_id, deleted: true, model_id: s.model_id };
   });
 
-  // The Baseten CLI's `loops run logs --sampler` reads these; the sampler's own lines of the deployment it logs into.
+  // A sampler's own lines of the deployment it logs into. The Baseten CLI's `loops run logs --sampler` GETs them with
+  // a query; truss's `loops logs --sampler` POSTs the same filters as a JSON body (`{}` for the defaults).
+  const samplerDeployment = (p: Principal, params: Static<typeof ModelDeploymentParams>) =>
+    core.fleet.deploymentOfSampler(core.fleet.getModelDeployment(p, params.model_id, params.deployment_id).id);
   app.get(`${route}/logs`, {
-    schema: { tags: modelTags, summary: "A sampler's log lines through its model deployment", params: ModelDeploymentParams, querystring: LogsQuery, response: replies(LogsResponse) },
-  }, (req) => {
-    const s = core.fleet.getModelDeployment(req.principal, req.params.model_id, req.params.deployment_id);
-    return logsReply(ctx, core.fleet.deploymentOfSampler(s.id), req.query, 'sampler');
-  });
+    schema: { tags: modelTags, summary: "A sampler's log lines through its model deployment (newest first; the last 30 minutes unless a range is given)", params: ModelDeploymentParams, querystring: LogsQuery, response: replies(LogsResponse) },
+  }, (req) => logsAnswer(ctx, req, samplerDeployment(req.principal, req.params), req.query, 'sampler'));
+  app.post(`${route}/logs`, {
+    schema: { tags: modelTags, summary: "A sampler's log lines through its model deployment, the filters as a JSON body (truss's call)", params: ModelDeploymentParams, body: LogsBody, response: replies(LogsResponse) },
+  }, (req) => logsReply(ctx, samplerDeployment(req.principal, req.params), req.body ?? {}, 'body', 'sampler'));
 
   app.post(`${route}/deactivate`, {
     schema: { tags: modelTags, summary: 'Deactivate a sampler through its model deployment', params: ModelDeploymentParams, response: replies(DeactivateResponseV1) },

@@ -86,6 +86,14 @@ export const LogsQuery = Type.Object({
   limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 500 })),
   min_level: Type.Optional(LogLevelV1),
 }, strict);
+/** The same filters as a JSON body: how truss asks for a model deployment's logs (POST, `{}` or no body for the defaults). */
+export const LogsBody = Type.Union([Type.Object({
+  start_epoch_millis: Type.Optional(Nullable(Type.Integer({ minimum: 0 }))),
+  end_epoch_millis: Type.Optional(Nullable(Type.Integer({ minimum: 0 }))),
+  direction: Type.Optional(Nullable(Type.Enum(['asc', 'desc']))),
+  limit: Type.Optional(Nullable(Type.Integer({ minimum: 1, maximum: 1000 }))),
+  min_level: Type.Optional(Nullable(LogLevelV1)),
+}, strict), Type.Null()], { title: 'GetModelDeploymentLogsRequestV1' });
 
 // ---- request bodies ------------------------------------------------------
 

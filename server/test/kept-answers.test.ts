@@ -1,5 +1,5 @@
 import { afterEach, describe, expect, it } from 'vitest';
-import type { RunningServer } from '../index.js';
+import { ManualClock, type RunningServer } from '../index.js';
 import { AnswerCache } from '../http/answer-cache.js';
 import { client, newRun, startTestServer } from './helpers.js';
 
@@ -26,8 +26,9 @@ describe('kept list answers', () => {
     expect((await api.post(`/v1/loops/runs/${first.id}/deactivate`)).status).toBe(200);
     const runs = (await api.get('/v1/loops/runs')).body.runs;
     expect(runs.find((r: any) => r.id === first.id).status.name).toBe('INACTIVE');
-    const deployments = (await api.get('/v1/loops/deployments')).body.deployments;
-    expect(deployments.find((d: any) => d.id === first.deployment_id).active_run_id).toBeNull();
+    // Its deployment is STOPPED, which the list leaves out (GET by id still shows it).
+    expect(ids((await api.get('/v1/loops/deployments')).body.deployments)).toEqual([second.deployment_id]);
+    expect((await api.get(`/v1/loops/deployments/${first.deployment_id}`)).body.deployment.active_run_id).toBeNull();
 
     // A change no request made: the admin API's replica count goes through the fleet the same way.
     server.core.fleet.setSamplerReplicas(server.core.fleet.findSampler(second.sampler.id)!, 3);
@@ -46,8 +47,25 @@ describe('kept list answers', () => {
     await server.app.inject({ method: 'POST', url: `/trainer/${run.id}/forward`, payload: {} });
     const after = (await api.get(logs)).body.logs;
     expect(after).toHaveLength(before + 1);
-    expect(after.at(-1).message).toMatch(/^POST \/forward -> 400/);
+    expect(after[0].message).toMatch(/^POST \/forward -> 400/);
     expect((await api.get(`${logs}?limit=1`)).body.logs).toHaveLength(1);
+  });
+
+  it('of logs without an end follow the clock (the default window ends now); with an end they are kept', async () => {
+    const clock = new ManualClock();
+    server = await startTestServer({ clock, coldStartMs: 0 });
+    const api = client(server);
+    const run = await newRun(api);
+    const logs = `/v1/loops/deployments/${run.deployment_id}/logs`;
+    const fixed = `${logs}?end_epoch_millis=${clock.now()}`;
+    expect((await api.get(logs)).body.logs.length).toBeGreaterThan(0);
+    const kept = (await api.get(fixed)).body;
+    // 31 minutes on, with no record written: the default window has moved past every line.
+    const writes = server.core.store.version;
+    clock.advance(31 * 60_000);
+    expect(server.core.store.version).toBe(writes);
+    expect((await api.get(logs)).body.logs).toEqual([]);
+    expect((await api.get(fixed)).body).toEqual(kept);
   });
 
   it('are kept per caller: another user or organisation gets its own list from the same URL', async () => {
