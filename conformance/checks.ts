@@ -99,6 +99,11 @@ function samples(j: JournalEntry[]) {
   });
 }
 
+/** A datum's input tokens, its text chunks in order. */
+function inputTokens(d: Body): number[] {
+  return ((d.model_input?.chunks ?? []) as Body[]).flatMap((c) => (c.type === 'encoded_text' && Array.isArray(c.tokens) ? (c.tokens as number[]) : []));
+}
+
 /** Each ratio-loss datum: its completion (positions with a sampler logprob) and the sample it came from, if any. */
 function ratioData(j: JournalEntry[]) {
   const pool = samples(j);
@@ -108,7 +113,8 @@ function ratioData(j: JournalEntry[]) {
     if (!(isSubmit(e) && e.op === 'forward_backward' && RATIO_LOSSES.has(bodyOf(e).loss_fn))) continue;
     ((bodyOf(e).data ?? []) as Body[]).forEach((d, index) => {
       const lp: number[] = d.loss_fn_inputs?.logprobs?.data ?? [];
-      const targets: number[] = d.loss_fn_inputs?.target_tokens?.data ?? [];
+      // With target_tokens, position k's logprob is of target k; without (the RL guide's datums), of input token k.
+      const targets: number[] = d.loss_fn_inputs?.target_tokens?.data ?? inputTokens(d);
       const positions = lp.map((v, k) => (v !== 0 ? k : -1)).filter((k) => k >= 0);
       if (!positions.length) return;
       const tokens = positions.map((k) => targets[k]!);

@@ -24,6 +24,8 @@ export interface CaseReport extends CaseSpec {
   durationMs: number;
   exitCode: number | null;
   timedOut: boolean;
+  /** What the client wrote to LOOPS_CONFORMANCE_OUTPUT (null when nothing readable). */
+  output: ClientOutput | null;
   results: { check: Check; result: CheckResult }[];
 }
 
@@ -102,7 +104,7 @@ export async function runCase(spec: CaseSpec, options: RunOptions): Promise<Case
       runs: server.core.fleet.listRuns(principal, { scope: 'org' }).map((r) => ({ id: r.id, status: r.status, reason: r.inactive_reason })),
     };
     const results = CHECKS.map((check) => ({ check, result: evaluate(check, evidence) }));
-    return { ...spec, durationMs: Math.round(performance.now() - started), exitCode: exit.code, timedOut: exit.timedOut, results };
+    return { ...spec, durationMs: Math.round(performance.now() - started), exitCode: exit.code, timedOut: exit.timedOut, output: out, results };
   } finally {
     await server.close();
     rmSync(dir, { recursive: true, force: true });

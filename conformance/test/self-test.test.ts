@@ -22,7 +22,7 @@ describe('the reference Python driver', () => {
   const cases = listCases();
 
   it('covers every shipped scenario and every task', () => {
-    expect(new Set(cases.map((c) => c.task))).toEqual(new Set(['sft-round', 'rl-step', 'resume', 'cleanup']));
+    expect(new Set(cases.map((c) => c.task))).toEqual(new Set(['sft-round', 'rl-step', 'rl-guide-step', 'resume', 'cleanup']));
     expect(cases.length).toBeGreaterThanOrEqual(14);
   });
 
@@ -42,6 +42,14 @@ describe('the reference Python driver', () => {
       'flaky-network': ['SHUT-1'],
     };
     for (const id of exercised[spec.scenario] ?? []) expect(verdict(id), `${id} in ${spec.scenario}`).toBe('PASS');
+    // The RL guide's datums, built from the sampler's own answers: the trainer sees no divergence from the sampler.
+    if (spec.task === 'rl-guide-step') {
+      expect(verdict('RATIO-1')).toBe('PASS');
+      for (const d of report.output!.divergence as { ratio_mean: number; kl_sampler_trainer: number }[]) {
+        expect(Math.abs(d.ratio_mean - 1)).toBeLessThan(1e-3);
+        expect(Math.abs(d.kl_sampler_trainer)).toBeLessThan(1e-4);
+      }
+    }
   }, 120_000);
 });
 
@@ -67,6 +75,7 @@ const BROKEN: [string, CaseSpec, string[], number?][] = [
   ['forget-idempotency-key', { scenario: 'lost-operation', task: 'sft-round', expect: 'ok' }, ['IDEM-2', 'IDEM-3']],
   ['no-idempotency-key', { scenario: 'baseline', task: 'sft-round', expect: 'ok' }, ['IDEM-1']],
   ['ignore-floor', { scenario: 'lagging-replica', task: 'rl-step', expect: 'ok' }, ['FLOOR-1', 'FLOOR-3']],
+  ['shifted-logprobs', { scenario: 'baseline', task: 'rl-guide-step', expect: 'ok' }, ['RATIO-1']],
   ['skip-cleanup-on-failure', { scenario: 'baseline', task: 'cleanup', expect: 'error' }, ['CLEAN-1']],
   ['poll-forever-on-user-error', { scenario: 'user-error', task: 'sft-round', expect: 'error' }, ['CLEAN-1', 'ERR-1', 'EXIT-1'], 8],
 ];
@@ -82,7 +91,7 @@ describe('broken variants of the driver', () => {
 
 describe('reports', () => {
   const fake = (verdicts: Record<string, 'PASS' | 'FAIL' | 'SKIP'>): CaseReport => ({
-    scenario: 'baseline', task: 'sft-round', expect: 'ok', durationMs: 1234, exitCode: 0, timedOut: false,
+    scenario: 'baseline', task: 'sft-round', expect: 'ok', durationMs: 1234, exitCode: 0, timedOut: false, output: null,
     results: CHECKS.map((check) => ({ check, result: { verdict: verdicts[check.id] ?? 'PASS', reason: verdicts[check.id] === 'FAIL' ? 'because <reasons> & more' : undefined, evidence: ['#3 GET /x -> 404'] } })),
   });
 

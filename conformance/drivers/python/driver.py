@@ -26,6 +26,7 @@ BROKEN_VARIANTS = {
     "ignore-floor": "never sends X-Min-Policy-Version and uses whatever version answers",
     "skip-cleanup-on-failure": "leaves its runs active when the task fails",
     "poll-forever-on-user-error": "resubmits an operation that failed with a user error, without end",
+    "shifted-logprobs": "puts each sampler logprob of the RL guide's datum one position early (next-token alignment)",
 }
 
 
@@ -77,6 +78,49 @@ def rl_step(svc, inp, out):
             sampler = trainer.save_weights_for_sampler(f"v{step + 1}")
         final = sampler.sample(inp["prompts"][0], num_samples=1, max_tokens=inp["max_tokens"], temperature=0)
         out["final_policy_version"] = final["policy_version"]
+
+
+def rl_guide_step(svc, inp, out):
+    """The RL guide's step: token-aligned datums without target_tokens, a ppo forward_backward, optim_step, publish, sample."""
+    with task_session(svc, out) as session:
+        trainer = svc.create_training_client(session, inp["model"], inp["rank"], seed=inp["seed"], name="conformance-rl-guide")
+        sampler = trainer.save_weights_for_sampler("v0")
+        out["divergence"] = []
+        for step in range(inp["steps"]):
+            data = []
+            for p, prompt in enumerate(inp["prompts"]):
+                res = sampler.sample(prompt, num_samples=inp["group_size"], max_tokens=inp["max_tokens"], temperature=1.0, seed=step * 100 + p)
+                seqs = res["sequences"]
+                rewards = [reward(s["tokens"]) for s in seqs]
+                mean = sum(rewards) / len(rewards)
+                for s, r in zip(seqs, rewards):
+                    data.append(guide_datum(prompt, s["tokens"], s["logprobs"], r - mean))
+            result = trainer.forward_backward(data, loss_fn=inp["loss_fn"])
+            metrics = result.get("metrics", {})
+            out["divergence"].append({k: metrics.get(k) for k in ("ratio_mean", "kl_sampler_trainer")})
+            trainer.optim_step(inp["learning_rate"])
+            out["optim_steps"] = out.get("optim_steps", 0) + 1
+            sampler = trainer.save_weights_for_sampler(f"v{step + 1}")
+        final = sampler.sample(inp["prompts"][0], num_samples=1, max_tokens=inp["max_tokens"], temperature=0)
+        out["final_policy_version"] = final["policy_version"]
+
+
+def guide_datum(prompt, completion, logprobs, advantage):
+    """As the RL guide builds it: prompt + completion, no target_tokens; logprobs and advantages at each completion token's own index."""
+    tokens = prompt + completion
+    n = len(tokens)
+    lp = [0.0] * len(prompt) + list(logprobs)
+    adv = [0.0] * len(prompt) + [advantage] * len(completion)
+    if "shifted-logprobs" in loops_client.BROKEN:
+        lp = lp[1:] + [0.0]
+        adv = adv[1:] + [0.0]
+    return {
+        "model_input": {"chunks": [{"type": "encoded_text", "tokens": tokens}]},
+        "loss_fn_inputs": {
+            "logprobs": {"data": lp, "dtype": "float32", "shape": [n]},
+            "advantages": {"data": adv, "dtype": "float32", "shape": [n]},
+        },
+    }
 
 
 def reward(tokens):
@@ -139,7 +183,7 @@ def task_session(svc, out):
             svc.cleanup(session)
 
 
-TASKS = {"sft-round": sft_round, "rl-step": rl_step, "resume": resume, "cleanup": cleanup_task}
+TASKS = {"sft-round": sft_round, "rl-step": rl_step, "rl-guide-step": rl_guide_step, "resume": resume, "cleanup": cleanup_task}
 
 
 def main(argv):
