@@ -15,8 +15,19 @@ export interface ControlContext {
 
 /** A list's answer for this caller and URL (path and query), built by `build` when none is kept. */
 export function keptAnswer<T extends object>(ctx: ControlContext, request: FastifyRequest, build: () => T): T {
+  return ctx.answers.get(answerKey(request), build);
+}
+
+/** What a list answer depends on besides the records: the caller, the route and its validated parameters, not the raw URL (`?&&&x` or a reordered query is the same answer). */
+export function answerKey(request: Pick<FastifyRequest, 'principal' | 'routeOptions' | 'params' | 'query'>): string {
   const p = request.principal;
-  return ctx.answers.get(`${p.org_id} ${p.team_id} ${p.user_id} ${request.url}`, build);
+  return `${p.org_id} ${p.team_id} ${p.user_id} ${request.routeOptions.url} ${canonical(request.params)} ${canonical(request.query)}`;
+}
+
+/** A parameter object as text, its keys sorted (values are validated scalars). */
+function canonical(values: unknown): string {
+  if (typeof values !== 'object' || values === null) return '';
+  return JSON.stringify(Object.entries(values as Record<string, unknown>).filter(([, v]) => v !== undefined).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
 }
 
 /** Response schemas of a route: its 200 body. Errors share one shape, which /openapi.json adds to every route. */

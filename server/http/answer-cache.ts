@@ -13,8 +13,12 @@ export const serializerCompiler = () => (data: unknown): string =>
   // Fastify sends a serializer's Buffer as it is (its type says string only): bytes spare the UTF-8 encoding per send.
   ((typeof data === 'object' && data !== null && keptBytes.get(data)) || JSON.stringify(data)) as string;
 
-/** What the kept answers may hold in all before they are dropped and built again. */
+/** What the kept answers may hold in all (their bytes, keys and entries) before they are dropped and built again. */
 const BUDGET_BYTES = 8 * 2 ** 20;
+/** A rough cost of one entry beyond its bytes and key: the answer object, the map slot, the bytes' Buffer. */
+const ENTRY_OVERHEAD_BYTES = 512;
+/** At most this many answers, whatever their size. */
+export const MAX_ANSWERS = 4096;
 
 /**
  * Answers of read-only routes (the lists), kept while the core's store has not changed: a list of twenty
@@ -28,6 +32,11 @@ export class AnswerCache {
   private bytes = 0;
 
   constructor(private readonly core: LoopsCore) {}
+
+  /** How many answers are kept, and what they cost in all (bytes, keys, entries). */
+  get size(): { answers: number; bytes: number } {
+    return { answers: this.answers.size, bytes: this.bytes };
+  }
 
   /**
    * The answer for `key` (everything it depends on besides the records: the caller, the path and query),
@@ -46,10 +55,12 @@ export class AnswerCache {
     // Building reads, it never writes; should it ever, the answer is not kept.
     if (store.version !== this.version) return answer;
     const bytes = Buffer.from(JSON.stringify(answer));
-    if (this.bytes + bytes.length > BUDGET_BYTES) this.drop();
+    // The key and the entry itself count too: many small answers under distinct keys are bounded as well.
+    const cost = bytes.length + key.length * 2 + ENTRY_OVERHEAD_BYTES;
+    if (this.bytes + cost > BUDGET_BYTES || this.answers.size >= MAX_ANSWERS) this.drop();
     keptBytes.set(answer, bytes);
     this.answers.set(key, answer);
-    this.bytes += bytes.length;
+    this.bytes += cost;
     return answer;
   }
 

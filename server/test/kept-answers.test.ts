@@ -1,6 +1,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { ManualClock, type RunningServer } from '../index.js';
-import { AnswerCache } from '../http/answer-cache.js';
+import { AnswerCache, MAX_ANSWERS } from '../http/answer-cache.js';
+import { answerKey } from '../control/context.js';
 import { client, newRun, startTestServer } from './helpers.js';
 
 let server: RunningServer;
@@ -123,5 +124,25 @@ describe('AnswerCache', () => {
     expect(cache.get('w', writing)).toEqual({ n: 5 });
     expect(() => cache.get('x', () => { throw new Error('not found'); })).toThrow('not found');
     expect(cache.get('x', build)).toEqual({ n: 6 });
+  });
+});
+
+describe('kept answers stay bounded', () => {
+  it('keys on the route and its validated parameters: junk or reordered query text is the same answer', () => {
+    const request = (url: string, query: Record<string, unknown>) => ({ principal: { org_id: 'o', team_id: 't', user_id: 'u' }, routeOptions: { url }, params: {}, query }) as unknown as Parameters<typeof answerKey>[0];
+    // `GET /v1/loops/runs?&&&` and `?scope=org&base_model=M` vs `?base_model=M&scope=org` parse to these.
+    expect(answerKey(request('/v1/loops/runs', {}))).toBe(answerKey(request('/v1/loops/runs', {})));
+    expect(answerKey(request('/v1/loops/runs', { scope: 'org', base_model: 'M' }))).toBe(answerKey(request('/v1/loops/runs', { base_model: 'M', scope: 'org' })));
+    expect(answerKey(request('/v1/loops/runs', { scope: 'org' }))).not.toBe(answerKey(request('/v1/loops/runs', {})));
+  });
+
+  it('counts keys and entries toward the budget and keeps at most MAX_ANSWERS', async () => {
+    server = await startTestServer();
+    const cache = new AnswerCache(server.core);
+    for (let i = 0; i < MAX_ANSWERS * 3; i++) cache.get(`key ${'&'.repeat(i % 2000)} ${i}`, () => ({ i }));
+    expect(cache.size.answers).toBeLessThanOrEqual(MAX_ANSWERS);
+    expect(cache.size.bytes).toBeLessThanOrEqual(8 * 2 ** 20);
+    // Keys (up to 2,000 characters) and entries count, not only the answers' few bytes each.
+    expect(cache.size.bytes).toBeGreaterThan(cache.size.answers * 512);
   });
 });
