@@ -75,8 +75,16 @@ export interface JournalQuery {
  * Every request the server answered, in arrival order: a ring buffer of the
  * newest `capacity` entries, optionally also appended to a file as NDJSON.
  */
+/** With detail `full`: an entry whose JSON passes this keeps its bodies summarised, as in `summary`. */
+export const FULL_ENTRY_LIMIT_CHARS = 2 ** 20;
+/** With detail `full`: what all kept entries may hold together; the oldest go first beyond it. */
+export const FULL_JOURNAL_BUDGET_CHARS = 64 * 2 ** 20;
+
 export class Journal {
   private entries: JournalEntry[] = [];
+  /** With detail `full`: each kept entry's JSON length, and their total. */
+  private readonly sizes = new WeakMap<JournalEntry, number>();
+  private chars = 0;
   private nextSeq = 1;
   /** Entries the ring buffer let go of, oldest first. */
   private dropped = 0;
@@ -102,18 +110,36 @@ export class Journal {
   /** Records a finished request; its place is its arrival order. */
   record(entry: JournalEntry): void {
     for (const listener of this.listeners) listener(entry);
+    let text: string | undefined;
+    if (this.detail === 'full') {
+      // Whole bodies are kept, within bounds: one huge body is summarised, and the total is held to a budget.
+      text = JSON.stringify(entry);
+      if (text.length > FULL_ENTRY_LIMIT_CHARS) {
+        if (entry.body !== undefined) entry.body = summarize(entry.body);
+        if (entry.response_body !== undefined) entry.response_body = summarize(entry.response_body);
+        text = JSON.stringify(entry);
+      }
+      this.sizes.set(entry, text.length);
+      this.chars += text.length;
+    }
     // Finishing order differs from arrival order only for requests that overlapped: insert from the back.
     let at = this.entries.length;
     while (at > 0 && this.entries[at - 1]!.seq > entry.seq) at--;
     this.entries.splice(at, 0, entry);
-    if (this.entries.length > this.capacity) {
-      const over = this.entries.length - this.capacity;
+    let over = Math.max(0, this.entries.length - this.capacity);
+    if (this.detail === 'full') {
+      let chars = this.chars;
+      for (let i = 0; i < over; i++) chars -= this.sizes.get(this.entries[i]!) ?? 0;
+      while (chars > FULL_JOURNAL_BUDGET_CHARS && over < this.entries.length - 1) chars -= this.sizes.get(this.entries[over++]!) ?? 0;
+      this.chars = chars;
+    }
+    if (over > 0) {
       this.entries.splice(0, over);
       this.dropped += over;
     }
     if (this.file) {
       try {
-        appendFileSync(this.file, `${JSON.stringify(entry)}\n`);
+        appendFileSync(this.file, `${text ?? JSON.stringify(entry)}\n`);
       } catch {
         // A journal file that cannot be written must never fail the request it records.
       }
@@ -145,6 +171,7 @@ export class Journal {
   clear(): void {
     this.entries = [];
     this.dropped = 0;
+    this.chars = 0;
   }
 }
 

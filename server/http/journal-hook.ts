@@ -31,6 +31,9 @@ export function surfaceOf(url: string): Surface {
   return 'control';
 }
 
+/** The admin route that answers with journal entries. */
+const JOURNAL_ROUTE = '/_mock/journal';
+
 const isDashboard = (url: string) => url === '/_mock/ui' || url.startsWith('/_mock/ui/') || url.startsWith('/_mock/ui?') || url.startsWith('/_mock/dashboard/');
 
 function decodedPath(url: string): string {
@@ -145,7 +148,8 @@ export function installJournal(app: FastifyInstance, core: LoopsCore, foreignHos
       if (request.body !== undefined && request.body !== null) entry.body = core.journal.keep(request.body);
       const response = headerFacts(reply, trace.response ?? {});
       if (answered && Object.keys(response).length) entry.response = response;
-      if (answered && trace.responseBody !== undefined && core.journal.detail === 'full') entry.response_body = trace.responseBody;
+      // Never the journal's own answers: each read would hold every entry before it (the journal grew ~3x a read).
+      if (answered && trace.responseBody !== undefined && core.journal.detail === 'full' && route !== JOURNAL_ROUTE) entry.response_body = trace.responseBody;
       if (trace.fault) entry.fault = { id: trace.fault.id, action: dropped && trace.fault.action.type === 'drop' && trace.fault.action.phase === 'after' ? 'drop_after' : trace.fault.action.type };
       core.journal.record(entry);
     });
