@@ -2,7 +2,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { History } from '../core/history.js';
 import type { Operation } from '../core/operations.js';
 import { ManualClock, type RunningServer, type StartOptions } from '../index.js';
-import { startTestServer } from './helpers.js';
+import { http, startTestServer, wireDatum } from './helpers.js';
 
 // The dashboard's data routes without a browser: their contract, their refusals, and the history they read.
 
@@ -58,6 +58,29 @@ describe('the dashboard data routes', () => {
     const all = (await get('/_mock/dashboard/journal')).body;
     expect(all.entries.map((e: any) => e.seq)).toEqual([1, 2]);
     expect((await get(`/_mock/dashboard/journal?since=${all.next_since}`)).body.entries).toEqual([]);
+  });
+
+  it("keep a run's policy version once it is deactivated: the version it reached, not 0", async () => {
+    const { get, server } = await start();
+    const api = http(server.url);
+    const session = (await api.call('POST', '/v1/loops/sessions')).body.session.id;
+    const run = (await api.call('POST', '/v1/loops/runs', { session_id: session, base_model: 'Qwen/Qwen3.5-2B', lora_rank: 4, seed: 1 })).body.run;
+    const trainer = new URL(run.base_url).pathname;
+    const data = [wireDatum([5, 6, 7, 8], [6, 7, 8, 9])];
+    for (let i = 0; i < 3; i++) {
+      await api.op(trainer, 'forward_backward', { data, loss_fn: 'cross_entropy' });
+      await api.op(trainer, 'optim_step', { adam_params: { learning_rate: 1e-3 } });
+    }
+    // A last operation that reports no version of its own: the version is the steps applied when it finished.
+    await api.op(trainer, 'forward', { data, loss_fn: 'cross_entropy' });
+    const version = async () => ({
+      overview: (await get('/_mock/dashboard/overview')).body.runs.find((r: any) => r.id === run.id).policy_version,
+      detail: (await get(`/_mock/dashboard/runs/${run.id}`)).body.run.policy_version,
+    });
+    expect(await version()).toEqual({ overview: 3, detail: 3 });
+    expect((await api.call('POST', `/v1/loops/runs/${run.id}/deactivate`)).status).toBe(200);
+    expect((await get(`/_mock/dashboard/runs/${run.id}`)).body.run.status).toBe('INACTIVE');
+    expect(await version()).toEqual({ overview: 3, detail: 3 });
   });
 
   it('with --api-key take the admin token as a header or the sign-in cookie, which the admin API takes too', async () => {

@@ -3,6 +3,8 @@
 // view on screen once a second; the journal view reads from a cursor, so each
 // poll carries only the new entries. docs/dashboard.md says why it is built so.
 
+import { niceTicks, tickLabels } from './ticks.js';
+
 const POLL_MS = 1000;
 const SURFACES = ['control', 'trainer', 'sampler', 'admin', 'hub', 'proxy', 'service'];
 const main = document.getElementById('main');
@@ -116,22 +118,9 @@ const facts = (pairs) => h('dl', { class: 'facts' }, pairs.map(([k, v]) => [h('d
 
 // ---- charts: hand-drawn SVG, two kinds (points over steps, versions over time) ----
 
-function niceTicks(min, max, count = 5, integer = false) {
-  if (min === max) { min -= integer ? 1 : Math.abs(min) * 0.1 || 1; max += integer ? 1 : Math.abs(max) * 0.1 || 1; }
-  let step = 10 ** Math.floor(Math.log10((max - min) / count));
-  const err = (count / (max - min)) * step;
-  if (err <= 0.15) step *= 10; else if (err <= 0.35) step *= 5; else if (err <= 0.75) step *= 2;
-  if (integer) step = Math.max(1, Math.round(step));
-  const lo = Math.floor(min / step) * step;
-  const hi = Math.ceil(max / step) * step;
-  const ticks = [];
-  for (let t = lo; t <= hi + step / 2; t += step) ticks.push(Number(t.toPrecision(12)));
-  return { lo, hi, ticks };
-}
-
 /**
  * A chart frame: axes with ticks and labels, and scale functions for what is drawn in it.
- * x and y are { label, min, max, integer, format }.
+ * x and y are { label, min, max, integer, unit }: tick labels carry the digits that tell them apart, then the unit.
  */
 function frame({ id, caption, x, y, width = 640, height = 260 }) {
   const m = { l: 62, r: 18, t: 14, b: 44 };
@@ -139,15 +128,15 @@ function frame({ id, caption, x, y, width = 640, height = 260 }) {
   const yt = niceTicks(y.min, y.max, 5, y.integer);
   const sx = (v) => m.l + ((v - xt.lo) / (xt.hi - xt.lo || 1)) * (width - m.l - m.r);
   const sy = (v) => height - m.b - ((v - yt.lo) / (yt.hi - yt.lo || 1)) * (height - m.t - m.b);
-  const fx = x.format ?? ((v) => String(v));
-  const fy = y.format ?? ((v) => String(v));
+  const xl = tickLabels(xt.ticks).map((l) => l + (x.unit ?? ''));
+  const yl = tickLabels(yt.ticks).map((l) => l + (y.unit ?? ''));
   const svg = s('svg', { id, class: 'chart', viewBox: `0 0 ${width} ${height}`, role: 'img', 'aria-label': caption },
     s('g', { class: 'grid' }, yt.ticks.map((t) => s('line', { x1: m.l, x2: width - m.r, y1: sy(t), y2: sy(t) }))),
     s('g', { class: 'axis' },
       s('line', { x1: m.l, x2: width - m.r, y1: height - m.b, y2: height - m.b }),
       s('line', { x1: m.l, x2: m.l, y1: m.t, y2: height - m.b }),
-      xt.ticks.map((t) => [s('line', { x1: sx(t), x2: sx(t), y1: height - m.b, y2: height - m.b + 4 }), s('text', { x: sx(t), y: height - m.b + 16, 'text-anchor': 'middle', text: fx(t) })]),
-      yt.ticks.map((t) => [s('line', { x1: m.l - 4, x2: m.l, y1: sy(t), y2: sy(t) }), s('text', { x: m.l - 7, y: sy(t) + 4, 'text-anchor': 'end', text: fy(t) })])),
+      xt.ticks.map((t, i) => [s('line', { x1: sx(t), x2: sx(t), y1: height - m.b, y2: height - m.b + 4 }), s('text', { class: 'tick-x', x: sx(t), y: height - m.b + 16, 'text-anchor': 'middle', text: xl[i] })]),
+      yt.ticks.map((t, i) => [s('line', { x1: m.l - 4, x2: m.l, y1: sy(t), y2: sy(t) }), s('text', { class: 'tick-y', x: m.l - 7, y: sy(t) + 4, 'text-anchor': 'end', text: yl[i] })])),
     s('text', { class: 'axis-label', x: (m.l + width - m.r) / 2, y: height - 6, 'text-anchor': 'middle', text: x.label }),
     s('text', { class: 'axis-label', transform: `translate(14 ${(m.t + height - m.b) / 2}) rotate(-90)`, 'text-anchor': 'middle', text: y.label }));
   return { svg, sx, sy, plot: { left: m.l, right: width - m.r, top: m.t, bottom: height - m.b } };
@@ -164,7 +153,7 @@ function stepChart({ id, caption, yLabel, series }) {
   if (!all.length) return h('figure', {}, h('figcaption', { text: caption }), h('p', { class: 'empty', id, text: 'No points yet.' }));
   const xd = domain(all.map((p) => p.x), { min: 0, max: 1 });
   const yd = domain(all.map((p) => p.y), { min: 0, max: 1 });
-  const f = frame({ id, caption: `${caption}: ${all.length} points`, x: { label: 'optimizer step', ...xd, integer: true }, y: { label: yLabel, ...yd, format: (v) => num(v, 3) } });
+  const f = frame({ id, caption: `${caption}: ${all.length} points`, x: { label: 'optimizer step', ...xd, integer: true }, y: { label: yLabel, ...yd } });
   for (const se of series) {
     const sorted = [...se.points].sort((a, b) => a.x - b.x);
     if (sorted.length > 1) f.svg.append(s('path', { class: se.lineClass, d: sorted.map((p, i) => `${i ? 'L' : 'M'}${f.sx(p.x)},${f.sy(p.y)}`).join('') }));
@@ -298,10 +287,10 @@ function renderRun({ run, operations, checkpoints }) {
       ] })),
     h('h3', { text: 'Checkpoints' }),
     h('section', {}, table('checkpoints',
-      [['Checkpoint'], ['Type'], ['Created (UTC)'], ['Size', 'num'], ['Files (download)']],
+      [['Checkpoint (path)'], ['Target'], ['Created (UTC)'], ['Size', 'num'], ['Files (download)']],
       checkpoints.map((c) => h('tr', {},
-        h('td', { class: 'mono', text: c.checkpoint_id }),
-        h('td', { text: c.checkpoint_type }),
+        h('td', { class: 'mono', text: c.path }),
+        h('td', { text: c.target }),
         h('td', { text: dateTime(c.created_at) }),
         h('td', { class: 'num', text: bytes(c.size_bytes) }),
         h('td', {}, c.files.map((f) => h('div', {}, h('a', { class: 'download mono', href: f.href, download: f.relative_file_name, 'data-size': f.size_bytes, text: f.relative_file_name }), ` ${bytes(f.size_bytes)}`))))),
@@ -334,7 +323,7 @@ function renderSampler({ sampler, created_at, events, requests, now }) {
   const yOf = (r) => r.floor ?? r.policy_version ?? 0;
   const maxVersion = Math.max(1, ...events.map((e) => e.version), ...requests.map(yOf));
   const f = frame({ id: 'timeline', caption: `Sampler ${sampler.id}: ${publications.length} publications, ${replicaCount} replicas, ${requests.length} requests`, width: 900, height: 320,
-    x: { label: 'seconds since the sampler was created (server clock)', min: 0, max: end, format: (v) => `${v}s` },
+    x: { label: 'seconds since the sampler was created (server clock)', min: 0, max: end, unit: 's' },
     y: { label: 'policy version', min: 0, max: maxVersion + 0.5, integer: true } });
 
   for (const p of publications) {
