@@ -7,6 +7,7 @@ import { accountRoutes } from './control/account.js';
 import { checkpointDownloadRoute, checkpointRoutes } from './control/checkpoints.js';
 import type { ControlContext } from './control/context.js';
 import { deploymentRoutes } from './control/deployments.js';
+import { modelRoutes, ModelViews } from './control/models.js';
 import { samplerRoutes } from './control/samplers.js';
 import { sessionAndRunRoutes } from './control/sessions-runs.js';
 import { Views } from './control/views.js';
@@ -17,6 +18,7 @@ import { dashboardRoutes } from './dashboard/routes.js';
 import { buildOpenApi } from './http/openapi.js';
 import type { PublicUrls } from './http/public-urls.js';
 import { hubRoutes } from './hub/routes.js';
+import { inferenceRoutes } from './inference/routes.js';
 import { samplerPlaneRoutes } from './sampler/routes.js';
 import { trainerRoutes } from './trainer/routes.js';
 import { VERSION } from './version.js';
@@ -32,13 +34,15 @@ export type AppOptions = Pick<ServerOptions, 'bodyLimit' | 'logLevel' | 'logForm
 export async function buildApp(core: LoopsCore, options: AppOptions): Promise<FastifyInstance> {
   const { app, routes } = createBaseApp(core, options);
   const ctx: ControlContext = { core, views: new Views(core, options.urls), answers: new AnswerCache(core) };
+  const modelViews = new ModelViews(core, options.urls);
 
   // Control plane: every route needs an API key.
   await app.register(async (control) => {
     control.addHook('onRequest', async (request) => { request.principal = requirePrincipal(core, request); });
     sessionAndRunRoutes(control, ctx);
-    samplerRoutes(control, ctx);
-    checkpointRoutes(control, ctx);
+    samplerRoutes(control, ctx, modelViews);
+    checkpointRoutes(control, ctx, modelViews);
+    modelRoutes(control, ctx, modelViews);
     deploymentRoutes(control, ctx, options.dataDir);
     accountRoutes(control, ctx);
   });
@@ -53,6 +57,8 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
 
   await app.register(async (trainer) => trainerRoutes(trainer, core));
   await app.register(async (sampler) => samplerPlaneRoutes(sampler, core));
+  // Checkpoints deployed to inference: OpenAI-compatible, on Baseten's URL shape for a model deployment.
+  await app.register(async (inference) => inferenceRoutes(inference, core));
   // The Hugging Face mirror needs no key: clients send it Hub tokens, if anything.
   await app.register(async (hub) => hubRoutes(hub, core));
   if (options.admin) await app.register(async (admin) => adminRoutes(admin, core, { token: options.adminToken }));

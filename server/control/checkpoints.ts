@@ -3,13 +3,14 @@ import Type from 'typebox';
 import type { Principal } from '../core/records.js';
 import type { ControlContext, TypedApp } from './context.js';
 import { replies } from './context.js';
+import { CheckpointSourceResponse, DeployCheckpointsRequest, DeployCheckpointsResponse, type ModelViews } from './models.js';
 import {
   CheckpointFilesQuery, CheckpointFilesResponse, CheckpointIdParams, EmptyResponse, ListCheckpointsQuery, ListCheckpointsResponse,
   ValidateLoopsCheckpointRequestV1,
 } from './schemas.js';
 
 /** Checkpoint listing, validation and presigned file listing (authenticated). */
-export function checkpointRoutes(app: TypedApp, ctx: ControlContext): void {
+export function checkpointRoutes(app: TypedApp, ctx: ControlContext, modelViews: ModelViews): void {
   const { core, views } = ctx;
   const tags = ['checkpoints'];
 
@@ -23,6 +24,14 @@ export function checkpointRoutes(app: TypedApp, ctx: ControlContext): void {
     core.checkpoints.resolve(req.principal, req.body.checkpoint_path, 'checkpoint_path');
     return {};
   });
+
+  app.post('/v1/loops/checkpoints/deploy', {
+    schema: { tags, summary: 'Deploy sampler checkpoints to inference: a new model (not idempotent) serving each as `model` = its checkpoint name', body: DeployCheckpointsRequest, response: replies(DeployCheckpointsResponse) },
+  }, (req) => modelViews.deployed(core.modelDeployments.deploy(req.principal, req.body)));
+
+  app.get('/v1/loops/checkpoints/:checkpoint_id/source', {
+    schema: { tags, summary: "Where a checkpoint's weights live: s3 (list them with /files)", params: CheckpointIdParams, response: replies(CheckpointSourceResponse) },
+  }, (req) => modelViews.source(core.checkpoints.get(req.principal, req.params.checkpoint_id)));
 
   app.get('/v1/loops/checkpoints/:checkpoint_id/files', {
     schema: { tags, summary: "Presigned download URLs of a checkpoint's files; page_token is an integer offset", params: CheckpointIdParams, querystring: CheckpointFilesQuery, response: replies(CheckpointFilesResponse) },

@@ -7,9 +7,10 @@ import {
   ModelDeploymentParams, SamplerIdParams, SamplerResponse, ScopeQuery, TeamIdParams, UpdateDeploymentRequestV1,
 } from './schemas.js';
 import { logsAnswer, logsReply } from './deployments.js';
+import type { ModelViews } from './models.js';
 
 /** Loops samplers, and the generic model-deployment API through which clients poll and deactivate them. */
-export function samplerRoutes(app: TypedApp, ctx: ControlContext): void {
+export function samplerRoutes(app: TypedApp, ctx: ControlContext, modelViews: ModelViews): void {
   const { core, views } = ctx;
   const tags = ['samplers'];
 
@@ -38,7 +39,12 @@ export function samplerRoutes(app: TypedApp, ctx: ControlContext): void {
 
   app.get(route, {
     schema: { tags: modelTags, summary: 'Get a sampler as a model deployment (poll its status for readiness)', params: ModelDeploymentParams, response: replies(DeploymentV1) },
-  }, (req) => views.modelDeployment(core.fleet.getModelDeployment(req.principal, req.params.model_id, req.params.deployment_id)));
+  }, (req) => {
+    // A checkpoint deployed to inference is a model deployment of its own; every other one is a sampler.
+    const deployed = core.modelDeployments.findOwned(req.principal, req.params.model_id, req.params.deployment_id);
+    if (deployed) return modelViews.deployment(deployed);
+    return views.modelDeployment(core.fleet.getModelDeployment(req.principal, req.params.model_id, req.params.deployment_id));
+  });
 
   app.patch(route, {
     schema: { tags: modelTags, summary: 'Rename a model deployment', params: ModelDeploymentParams, body: UpdateDeploymentRequestV1, response: replies(DeploymentV1) },
@@ -47,6 +53,12 @@ export function samplerRoutes(app: TypedApp, ctx: ControlContext): void {
   app.delete(route, {
     schema: { tags: modelTags, summary: 'Delete a model deployment (the sampler stops and leaves this API)', params: ModelDeploymentParams, response: replies(DeploymentTombstoneV1) },
   }, (req) => {
+    const deployed = core.modelDeployments.findOwned(req.principal, req.params.model_id, req.params.deployment_id);
+    if (deployed) {
+      core.accounts.requireMember(req.principal, deployed.team_id, `delete deployment ${deployed.deployment_id} of model ${deployed.model_id}`);
+      core.modelDeployments.delete(deployed);
+      return { id: deployed.deployment_id, deleted: true, model_id: deployed.model_id };
+    }
     const s = core.fleet.deleteModelDeployment(req.principal, req.params.model_id, req.params.deployment_id);
     return { id: s.model_deployment_id, deleted: true, model_id: s.model_id };
   });
@@ -54,7 +66,7 @@ export function samplerRoutes(app: TypedApp, ctx: ControlContext): void {
   // A sampler's own lines of the deployment it logs into. The Baseten CLI's `loops run logs --sampler` GETs them with
   // a query; truss's `loops logs --sampler` POSTs the same filters as a JSON body (`{}` for the defaults).
   const samplerDeployment = (p: Principal, params: Static<typeof ModelDeploymentParams>) =>
-    core.fleet.deploymentOfSampler(core.fleet.getModelDeployment(p, params.model_id, params.deployment_id).id);
+    core.modelDeployments.findOwned(p, params.model_id, params.deployment_id)?.deployment_id ?? core.fleet.deploymentOfSampler(core.fleet.getModelDeployment(p, params.model_id, params.deployment_id).id);
   app.get(`${route}/logs`, {
     schema: { tags: modelTags, summary: "A sampler's log lines through its model deployment (newest first; the last 30 minutes unless a range is given)", params: ModelDeploymentParams, querystring: LogsQuery, response: replies(LogsResponse) },
   }, (req) => logsAnswer(ctx, req, samplerDeployment(req.principal, req.params), req.query, 'sampler'));
@@ -65,6 +77,12 @@ export function samplerRoutes(app: TypedApp, ctx: ControlContext): void {
   app.post(`${route}/deactivate`, {
     schema: { tags: modelTags, summary: 'Deactivate a sampler through its model deployment', params: ModelDeploymentParams, response: replies(DeactivateResponseV1) },
   }, (req) => {
+    const deployed = core.modelDeployments.findOwned(req.principal, req.params.model_id, req.params.deployment_id);
+    if (deployed) {
+      core.accounts.requireMember(req.principal, deployed.team_id, `deactivate deployment ${deployed.deployment_id} of model ${deployed.model_id}`);
+      core.modelDeployments.deactivate(deployed);
+      return { success: true };
+    }
     core.fleet.deactivateModelDeployment(req.principal, req.params.model_id, req.params.deployment_id);
     return { success: true };
   });

@@ -9,7 +9,9 @@ import { Fleet } from './fleet.js';
 import { Faults } from './faults.js';
 import { History } from './history.js';
 import { HubRepos } from './hub-repos.js';
+import { Inference } from './inference.js';
 import { Journal, type JournalDetail } from './journal.js';
+import { ModelDeployments } from './model-deployments.js';
 import { Operations } from './operations.js';
 import { Progress } from './progress.js';
 import type { LogRecord } from './records.js';
@@ -71,6 +73,9 @@ export class LoopsCore {
   sampling!: Sampling;
   faults!: Faults;
   progress!: Progress;
+  /** Checkpoints deployed to inference (Baseten models) and their OpenAI-compatible serving. */
+  modelDeployments!: ModelDeployments;
+  inference!: Inference;
   /** Each run's operations and each sampler's publications over time (the dashboard). */
   history!: History;
   private closed = false;
@@ -111,6 +116,8 @@ export class LoopsCore {
     this.trainers = new Trainers(this.fleet, this.checkpoints, this.engines, this.operations, this.samplerWeights);
     this.replicas = new SamplerReplicas(this.fleet, this.checkpoints, this.engines, this.samplerWeights, this.clock, this.settings, this.logs, this.history, this.stopping.signal);
     this.sampling = new Sampling(this.fleet, this.replicas, this.engines, this.clock, this.settings);
+    this.modelDeployments = new ModelDeployments(this.store, this.clock, this.checkpoints, this.engines, this.logs, this.settings);
+    this.inference = new Inference(this.modelDeployments, this.engines, this.clock, this.logs, this.settings);
   }
 
   /**

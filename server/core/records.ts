@@ -129,6 +129,30 @@ export interface CheckpointRecord extends Ownership {
   files: CheckpointFileRecord[];
 }
 
+/**
+ * A Baseten model made by deploying sampler checkpoints (`POST /v1/loops/checkpoints/deploy`):
+ * one deployment serving each checkpoint's adapter on the base model, addressed by checkpoint name.
+ */
+export interface ModelDeploymentRecord extends Ownership {
+  /** The Baseten model (8 lowercase characters). */
+  model_id: string;
+  /** Its one deployment (7 lowercase characters). */
+  deployment_id: string;
+  name: string;
+  base_model: string;
+  instance_type_id: string;
+  hf_secret_name: string | null;
+  /** Global ids of the deployed sampler checkpoints, in the order given. */
+  checkpoint_ids: string[];
+  created_at: number;
+  /** The cold start this deployment walks (the setting when it was deployed). */
+  cold_start_ms: number;
+  /** Set by deactivate: INACTIVE from then on. */
+  deactivated_at: number | null;
+  /** Set by DELETE of the model or the deployment: gone from every route. */
+  deleted: boolean;
+}
+
 export interface UserConfigRecord {
   user_id: string;
   trainer_accelerator_priority: string[] | null;

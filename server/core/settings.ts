@@ -39,6 +39,10 @@ export type LiveSettingRow = {
  */
 export const LIVE_SETTINGS = {
   coldStartMs: { wire: 'cold_start_ms', shape: 'whole', default: 0, range: [0, DAY_MS], flag: true, help: 'time for a new trainer or sampler (or a waking one) to become ready; 0 = at once' },
+  modelColdStartMs: {
+    wire: 'model_cold_start_ms', shape: 'whole', default: 0, range: [0, DAY_MS], flag: true,
+    help: 'time a checkpoint deployed to inference walks BUILDING, DEPLOYING, LOADING_MODEL (a third each) before it is ACTIVE; 0 = at once',
+  },
   deactivationMs: { wire: 'deactivation_ms', shape: 'whole', default: 0, range: [0, DAY_MS], flag: true, help: 'time a sampler stays DEACTIVATING before it is INACTIVE; 0 = at once' },
   samplerReplicas: { wire: 'sampler_replicas', shape: 'whole', default: 1, range: [1, 64], flag: true, help: 'replicas per new sampler' },
   weightSyncDelayMs: {

@@ -5,7 +5,7 @@ import type { LogLevel, LogRecord } from './records.js';
 import { LOG_LEVELS } from './records.js';
 
 export type RecordKind =
-  | 'org' | 'team' | 'user' | 'session' | 'run' | 'deployment' | 'sampler' | 'checkpoint' | 'user_config';
+  | 'org' | 'team' | 'user' | 'session' | 'run' | 'deployment' | 'sampler' | 'checkpoint' | 'user_config' | 'model_deployment';
 
 /** The newest log lines kept per deployment (what GET .../logs can page through). */
 export const LOGS_PER_DEPLOYMENT = 10_000;

@@ -9,6 +9,8 @@ import type { RunRecord, SamplerRecord } from '../core/records.js';
 export interface PublicUrls {
   trainer(run: Pick<RunRecord, 'id' | 'deployment_id'>): string;
   sampler(sampler: Pick<SamplerRecord, 'id' | 'model_id' | 'model_deployment_id'>): string;
+  /** A checkpoint deployed to inference: its deployment's sync root (`/v1/chat/completions` follows). */
+  modelDeployment(m: { model_id: string; deployment_id: string }): string;
   /** An absolute URL for a path of the app, e.g. `/checkpoint-files/...`. */
   download(path: string): string;
   /** Where the control plane answers (`/v1/...` follows). */
@@ -20,6 +22,7 @@ export function directUrls(publicUrl: () => string): PublicUrls {
   return {
     trainer: (run) => `${publicUrl()}/trainer/${run.id}`,
     sampler: (s) => `${publicUrl()}/sampler/${s.id}`,
+    modelDeployment: (m) => `${publicUrl()}/model/${m.model_id}/deployment/${m.deployment_id}/sync`,
     download: (path) => `${publicUrl()}${path}`,
     root: publicUrl,
   };

@@ -31,6 +31,7 @@ export function basetenUrls(): PublicUrls {
   return {
     trainer: (run) => `https://model-${run.deployment_id}.${BASETEN_API_HOST}/deployment/${run.id}/sync`,
     sampler: (s) => `https://model-${s.model_id}.${BASETEN_API_HOST}/deployment/${s.model_deployment_id}/sync`,
+    modelDeployment: (m) => `https://model-${m.model_id}.${BASETEN_API_HOST}/deployment/${m.deployment_id}/sync`,
     download: (path) => `https://${BASETEN_API_HOST}${path}`,
     root: () => `https://${BASETEN_API_HOST}`,
   };
@@ -52,8 +53,9 @@ export function requestHost(url: string, hostHeader: string | undefined): string
 /**
  * Where the app serves a request that was sent to one of Baseten's or the
  * Hub's hosts: the control plane keeps its path, the Hub moves under /hf, a
- * model deployment becomes its sampler (`/sampler/{id}`) or its run's trainer
- * (`/trainer/{id}`). Undefined: not such a host, or no such deployment (the
+ * model deployment becomes a deployed checkpoint's inference door
+ * (`/model/{model_id}/deployment/{deployment_id}/sync`), its sampler
+ * (`/sampler/{id}`) or its run's trainer (`/trainer/{id}`). Undefined: not such a host, or no such deployment (the
  * path then stays as sent, and the 404 names it).
  */
 export function appPathOf(core: LoopsCore, host: string, url: string): string | undefined {
@@ -66,6 +68,8 @@ export function appPathOf(core: LoopsCore, host: string, url: string): string | 
   const byDeployment = DEPLOYMENT_PATH.exec(path);
   if (byDeployment) {
     const [, deploymentId, rest = '', query = ''] = byDeployment;
+    // A checkpoint deployed to inference: its own front door, under the same ids.
+    if (core.modelDeployments.find(modelId, deploymentId)) return `/model/${modelId}/deployment/${deploymentId}/sync${rest}${query}`;
     const sampler = core.fleet.findModelDeployment(modelId, deploymentId);
     if (sampler) return `/sampler/${sampler.id}${rest}${query}`;
     const run = core.fleet.findRun(deploymentId!);
@@ -75,6 +79,8 @@ export function appPathOf(core: LoopsCore, host: string, url: string): string | 
   const byEnvironment = ENVIRONMENT_PATH.exec(path);
   if (byEnvironment) {
     const [, rest = '', query = ''] = byEnvironment;
+    const deployed = core.modelDeployments.find(modelId);
+    if (deployed) return `/model/${modelId}/deployment/${deployed.deployment_id}/sync${rest}${query}`;
     const sampler = core.fleet.findModelDeployment(modelId);
     if (sampler) return `/sampler/${sampler.id}${rest}${query}`;
   }

@@ -1,0 +1,275 @@
+import { findBaseModel, sampleSequences, zeroAdapter, type EnginePool, type LoraAdapter, type SampledSequence, type SamplingParams } from '../../models/index.js';
+import { ChatTemplate } from '../../models/chat-template.js';
+import type { Clock } from './clock.js';
+import type { DeploymentLogs } from './deployment-logs.js';
+import type { ModelDeployments } from './model-deployments.js';
+import type { ModelDeploymentRecord, Principal } from './records.js';
+import type { Settings } from './settings.js';
+
+/**
+ * An error of the inference front door. `edge` ones are what Baseten's
+ * gateway answers before a request reaches the model (`{"error": "<message>"}`);
+ * the others are vLLM's OpenAI server's own, in OpenAI's shape.
+ */
+export class InferenceError extends Error {
+  constructor(readonly status: number, message: string, readonly param: string | null = null, readonly edge = false) {
+    super(message);
+  }
+}
+
+const bad = (param: string, message: string) => new InferenceError(400, message, param);
+
+type Json = Record<string, unknown>;
+
+/** A request's sampling, checked: what vLLM's OpenAI server takes, in the engine's terms. */
+interface Generation {
+  adapter: LoraAdapter;
+  model: string;
+  prompt: number[];
+  n: number;
+  params: SamplingParams;
+  stopStrings: string[];
+  logprobs: boolean;
+  topLogprobs: number;
+  stream: boolean;
+  includeUsage: boolean;
+}
+
+export interface Choice {
+  index: number;
+  text: string;
+  /** The generated tokens that make up `text` (a final end-of-sequence token left out, as vLLM does). */
+  tokens: number[];
+  logprobs: number[];
+  top: [number, number][][] | null;
+  finish_reason: 'stop' | 'length';
+}
+
+export interface GenerationResult {
+  id: string;
+  created: number;
+  model: string;
+  promptTokens: number[];
+  choices: Choice[];
+  stream: boolean;
+  includeUsage: boolean;
+  logprobs: boolean;
+  /** The base model's decoder, for each token's own text. */
+  decode: (ids: number[]) => string;
+}
+
+/**
+ * OpenAI-compatible inference on a deployed checkpoint, as vLLM's OpenAI
+ * server does it: chat messages through the base model's own chat template,
+ * sampling through the same engine path as the Loops sampler (so a greedy
+ * answer equals the sampler's greedy `sample` of the same prompt ids), with
+ * the checkpoint's adapter.
+ */
+export class Inference {
+  private readonly templates = new Map<string, ChatTemplate | null>();
+
+  constructor(
+    private readonly deployments: ModelDeployments,
+    private readonly engines: EnginePool,
+    private readonly clock: Clock,
+    private readonly logs: DeploymentLogs,
+    private readonly settings: Pick<Settings, 'maxTokensLimit' | 'maxSeqLenLimit'>,
+  ) {}
+
+  /** The deployment behind a URL, for this caller, serving: else what Baseten's edge answers. */
+  target(p: Principal, modelId: string, deploymentId: string | undefined): ModelDeploymentRecord {
+    const r = this.deployments.find(modelId, deploymentId);
+    if (!r || r.org_id !== p.org_id) throw new InferenceError(404, `Model ${modelId}${deploymentId ? ` deployment ${deploymentId}` : ''} not found.`, null, true);
+    const status = this.deployments.status(r);
+    // Baseten: a deactivated deployment answers 404 until it is reactivated; one still starting, 503 (retry).
+    if (status === 'INACTIVE') throw new InferenceError(404, `Deployment ${r.deployment_id} of model ${r.model_id} is deactivated: it serves no requests. Deploy the checkpoint again (POST /v1/loops/checkpoints/deploy).`, null, true);
+    if (status !== 'ACTIVE') throw new InferenceError(503, `Deployment ${r.deployment_id} of model ${r.model_id} is ${status}: not ready to serve yet, retry shortly.`, null, true);
+    return r;
+  }
+
+  /** vLLM's `GET /v1/models`: each deployed checkpoint name (parent: the base model), then the base model. */
+  models(r: ModelDeploymentRecord) {
+    const created = Math.floor(r.created_at / 1000);
+    const entry = (id: string, parent: string | null) => ({ id, object: 'model', created, owned_by: 'vllm', root: parent === null ? r.base_model : id, parent, max_model_len: this.maxLength(r) });
+    return { object: 'list', data: [...this.deployments.checkpointsOf(r).map((c) => entry(c.name, r.base_model)), entry(r.base_model, null)] };
+  }
+
+  /** `POST /v1/chat/completions`: the messages rendered by the base model's chat template, then sampled. */
+  async chat(r: ModelDeploymentRecord, body: unknown, id: string): Promise<GenerationResult> {
+    const b = object(body);
+    const messages = b.messages;
+    if (!Array.isArray(messages) || messages.length === 0) throw bad('messages', 'messages must be a non-empty list of {role, content} objects.');
+    messages.forEach((m, i) => checkMessage(m, i));
+    const tools = b.tools;
+    if (tools !== undefined && tools !== null && !Array.isArray(tools)) throw bad('tools', 'tools must be a list of {type: "function", function: {...}} objects.');
+    const kwargs = b.chat_template_kwargs;
+    if (kwargs !== undefined && kwargs !== null && (typeof kwargs !== 'object' || Array.isArray(kwargs))) throw bad('chat_template_kwargs', 'chat_template_kwargs must be an object of template variables (e.g. {"enable_thinking": false}).');
+    const addGenerationPrompt = b.add_generation_prompt ?? true;
+    if (typeof addGenerationPrompt !== 'boolean') throw bad('add_generation_prompt', 'add_generation_prompt must be true or false.');
+    const template = this.template(r.base_model);
+    let text: string;
+    try {
+      text = template.render(messages.map(normalizeMessage), { addGenerationPrompt, tools: tools as unknown[] | null, kwargs: kwargs as Json | undefined });
+    } catch (err) {
+      throw bad('messages', `The chat template of ${r.base_model} could not render these messages: ${(err as Error).message}`);
+    }
+    const prompt = this.engines.tokenizers.get(r.base_model).encode(text);
+    const g = this.generation(r, b, prompt, 'chat');
+    return this.run(r, g, id);
+  }
+
+  /** `POST /v1/completions`: a text or token-id prompt, sampled as is. */
+  async complete(r: ModelDeploymentRecord, body: unknown, id: string): Promise<GenerationResult> {
+    const b = object(body);
+    const p = b.prompt;
+    let prompt: number[];
+    if (typeof p === 'string') prompt = this.engines.tokenizers.get(r.base_model).encode(p);
+    else if (Array.isArray(p) && p.length > 0 && p.every((t) => Number.isInteger(t))) {
+      const vocab = this.engines.vocabSize(r.base_model);
+      const badToken = (p as number[]).findIndex((t) => t < 0 || t >= vocab);
+      if (badToken >= 0) throw bad('prompt', `prompt[${badToken}] = ${p[badToken]} is not a token id of ${r.base_model} (0..${vocab - 1}).`);
+      prompt = p as number[];
+    } else throw bad('prompt', 'prompt must be a string or a non-empty list of token ids.');
+    if (prompt.length === 0) throw bad('prompt', 'prompt is empty: send at least one token.');
+    return this.run(r, this.generation(r, b, prompt, 'completion'), id);
+  }
+
+  /** The chat template of a base model's tokenizer files (the ones the Hub mirror serves). */
+  template(baseModel: string): ChatTemplate {
+    if (!this.templates.has(baseModel)) this.templates.set(baseModel, ChatTemplate.fromConfigFile(this.engines.tokenizers.files(baseModel).configJson));
+    const t = this.templates.get(baseModel);
+    if (!t) throw bad('messages', `${baseModel}'s tokenizer_config.json has no chat_template: use POST /v1/completions with a prompt.`);
+    return t;
+  }
+
+  private maxLength(r: ModelDeploymentRecord): number {
+    return Math.min(findBaseModel(r.base_model)?.maxContextLength ?? this.settings.maxSeqLenLimit, this.settings.maxSeqLenLimit);
+  }
+
+  private generation(r: ModelDeploymentRecord, b: Json, prompt: number[], kind: 'chat' | 'completion'): Generation {
+    const model = b.model;
+    if (typeof model !== 'string' || model === '') throw bad('model', `model is required: a deployed checkpoint name (${this.deployments.checkpointsOf(r).map((c) => c.name).join(', ')}) or ${r.base_model}.`);
+    const names = this.deployments.checkpointsOf(r).map((c) => c.name);
+    let adapter: LoraAdapter;
+    if (model === r.base_model) adapter = zeroAdapter(this.engines.get(r.base_model).sites);
+    else if (names.includes(model)) adapter = this.deployments.adapter(r, model);
+    else throw new InferenceError(404, `The model \`${model}\` does not exist. This deployment serves ${[...names, r.base_model].join(', ')} (GET .../v1/models).`, 'model');
+
+    const maxLength = this.maxLength(r);
+    if (prompt.length >= maxLength) throw bad('messages', `The prompt is ${prompt.length} tokens; this model's maximum context length is ${maxLength}.`);
+    const room = Math.min(this.settings.maxTokensLimit, maxLength - prompt.length);
+    const field = kind === 'chat' && b.max_completion_tokens !== undefined && b.max_completion_tokens !== null ? 'max_completion_tokens' : 'max_tokens';
+    const maxTokens = optionalInt(b, field, 1, Infinity) ?? (kind === 'chat' ? room : 16);
+    if (maxTokens > room) throw bad(field, `${field} ${maxTokens} is too large: the prompt is ${prompt.length} tokens of at most ${maxLength}, and one request may ask for at most ${this.settings.maxTokensLimit}; ask for at most ${room}.`);
+    const temperature = optionalNumber(b, 'temperature', 0, 2) ?? 1;
+    const topP = optionalNumber(b, 'top_p', Number.MIN_VALUE, 1) ?? 1;
+    const topKRaw = optionalInt(b, 'top_k', -1, Infinity) ?? -1;
+    const n = optionalInt(b, 'n', 1, 16) ?? 1;
+    const seed = optionalInt(b, 'seed', Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER) ?? null;
+    const stop = b.stop;
+    let stopStrings: string[] = [];
+    if (typeof stop === 'string') stopStrings = [stop];
+    else if (Array.isArray(stop) && stop.every((s) => typeof s === 'string')) stopStrings = stop as string[];
+    else if (stop !== undefined && stop !== null) throw bad('stop', 'stop must be a string or a list of strings.');
+    if (stopStrings.some((s) => s === '')) throw bad('stop', 'stop strings must not be empty.');
+    const stopTokenIds = b.stop_token_ids;
+    if (stopTokenIds !== undefined && stopTokenIds !== null && !(Array.isArray(stopTokenIds) && stopTokenIds.every((t) => Number.isInteger(t)))) throw bad('stop_token_ids', 'stop_token_ids must be a list of token ids.');
+    let logprobs: boolean;
+    let topLogprobs: number;
+    if (kind === 'chat') {
+      const lp = b.logprobs ?? false;
+      if (typeof lp !== 'boolean') throw bad('logprobs', 'logprobs must be true or false (top_logprobs gives how many alternatives).');
+      logprobs = lp;
+      topLogprobs = optionalInt(b, 'top_logprobs', 0, 20) ?? 0;
+      if (topLogprobs > 0 && !logprobs) throw bad('top_logprobs', 'top_logprobs needs logprobs: true.');
+    } else {
+      const lp = optionalInt(b, 'logprobs', 0, 20);
+      logprobs = lp !== undefined;
+      topLogprobs = lp ?? 0;
+    }
+    const stream = b.stream ?? false;
+    if (typeof stream !== 'boolean') throw bad('stream', 'stream must be true or false.');
+    const options = b.stream_options;
+    if (options !== undefined && options !== null && (typeof options !== 'object' || Array.isArray(options))) throw bad('stream_options', 'stream_options must be an object like {"include_usage": true}.');
+    if (options && !stream) throw bad('stream_options', 'stream_options is only allowed with stream: true.');
+    const includeUsage = (options as Json | null | undefined)?.include_usage === true;
+    return {
+      adapter, model, prompt, n, stopStrings, logprobs, topLogprobs, stream, includeUsage,
+      // vLLM: top_k 0 or -1 is off.
+      params: { max_tokens: maxTokens, temperature, top_p: topP, top_k: topKRaw === 0 ? -1 : topKRaw, seed, stop: [...stopStrings, ...((stopTokenIds as number[] | undefined) ?? [])] },
+    };
+  }
+
+  private async run(r: ModelDeploymentRecord, g: Generation, id: string): Promise<GenerationResult> {
+    const engine = this.engines.get(r.base_model);
+    const codec = this.engines.sampleCodec(r.base_model);
+    const sequences = await sampleSequences(engine, g.adapter, g.prompt, g.n, g.params, codec);
+    const eos = new Set(codec.eosTokenIds);
+    const choices: Choice[] = [];
+    for (const [index, seq] of sequences.entries()) choices.push(await this.choice(r, g, seq, index, eos));
+    const completion = choices.reduce((n, c) => n + c.tokens.length, 0);
+    this.logs.add(r.deployment_id, 'INFO', `${g.model}: ${g.prompt.length} prompt tokens, ${completion} completion tokens`, 'inference', id);
+    return { id, created: Math.floor(this.clock.now() / 1000), model: g.model, promptTokens: g.prompt, choices, stream: g.stream, includeUsage: g.includeUsage, logprobs: g.logprobs, decode: (ids) => codec.decode(ids) };
+  }
+
+  /** One sequence as vLLM returns it: the end-of-sequence token and a matched stop string left out of the text. */
+  private async choice(r: ModelDeploymentRecord, g: Generation, seq: SampledSequence, index: number, eos: Set<number>): Promise<Choice> {
+    const codec = this.engines.sampleCodec(r.base_model);
+    let tokens = seq.tokens;
+    let logprobs = seq.logprobs;
+    if (seq.stop_reason === 'stop' && tokens.length && eos.has(tokens.at(-1)!)) {
+      tokens = tokens.slice(0, -1);
+      logprobs = logprobs.slice(0, -1);
+    }
+    let text = codec.decode(tokens);
+    for (const s of g.stopStrings) {
+      const at = text.indexOf(s);
+      if (at >= 0) text = text.slice(0, at);
+    }
+    let top: [number, number][][] | null = null;
+    if (g.topLogprobs > 0 && tokens.length) {
+      const all = [...g.prompt, ...tokens];
+      const { top: rows } = await this.engines.get(r.base_model).topk([{ tokens: all, targets: [...all.slice(1), 0] }], g.adapter, g.topLogprobs);
+      top = rows[0]!.slice(g.prompt.length - 1, g.prompt.length - 1 + tokens.length).map((t) => t.ids.map((tid, j) => [tid, t.logprobs[j]!] as [number, number]));
+    }
+    return { index, text, tokens, logprobs, top, finish_reason: seq.stop_reason };
+  }
+}
+
+function object(body: unknown): Json {
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw bad('body', 'The request body must be a JSON object.');
+  return body as Json;
+}
+
+const ROLES = new Set(['system', 'developer', 'user', 'assistant', 'tool']);
+
+function checkMessage(m: unknown, i: number): void {
+  const field = `messages[${i}]`;
+  if (typeof m !== 'object' || m === null || Array.isArray(m)) throw bad(field, `${field} must be an object {role, content}.`);
+  const { role, content } = m as Json;
+  if (typeof role !== 'string' || !ROLES.has(role)) throw bad(`${field}.role`, `${field}.role must be one of ${[...ROLES].join(', ')} (got ${JSON.stringify(role)}).`);
+  const parts = Array.isArray(content) && content.every((c) => typeof c === 'object' && c !== null && (c as Json).type === 'text' && typeof (c as Json).text === 'string');
+  const assistantWithTools = role === 'assistant' && (content === null || content === undefined) && Array.isArray((m as Json).tool_calls);
+  if (typeof content !== 'string' && !parts && !assistantWithTools) throw bad(`${field}.content`, `${field}.content must be a string or a list of {type: "text", text} parts.`);
+}
+
+/** Text parts joined into one string, as vLLM hands string content to a text-only template. */
+function normalizeMessage(m: unknown): Json {
+  const msg = { ...(m as Json) };
+  if (Array.isArray(msg.content)) msg.content = (msg.content as Json[]).map((p) => p.text as string).join('\n');
+  return msg;
+}
+
+function optionalNumber(b: Json, field: string, min: number, max: number): number | undefined {
+  const v = b[field];
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'number' || !Number.isFinite(v) || v < min || v > max) throw bad(field, `${field} must be a number in [${min === Number.MIN_VALUE ? '0 (exclusive)' : min}, ${max}] (got ${JSON.stringify(v)}).`);
+  return v;
+}
+
+function optionalInt(b: Json, field: string, min: number, max: number): number | undefined {
+  const v = b[field];
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) throw bad(field, `${field} must be a whole number${max === Infinity ? ` of at least ${min}` : ` in ${min}..${max}`} (got ${JSON.stringify(v)}).`);
+  return v;
+}
