@@ -111,6 +111,8 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
   }
   // Without the admin API nothing could move a virtual clock: say so rather than let every timeout hang.
   if (options.clockMode === 'virtual' && !options.admin && !overrides.clock) throw new ConfigError('--clock virtual needs --admin: only POST /_mock/clock/advance moves virtual time');
+  // With keys the server is meant to be guarded: an admin API without its own token would let anyone reset it or read the journal.
+  if (options.admin && options.apiKeys.length > 0 && options.adminToken === undefined) throw new ConfigError('--admin with --api-key needs --admin-token TOKEN: without it anyone who reaches the port could reset the server or read its journal, with no key at all');
   // Read before anything starts, so a bad scenario fails the start with its line.
   let scenario: ScenarioSpec | undefined;
   if (options.scenario) {

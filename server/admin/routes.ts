@@ -4,7 +4,7 @@ import Type from 'typebox';
 import { ManualClock } from '../core/clock.js';
 import type { LoopsCore } from '../core/core.js';
 import { conflict, LoopsError, notFound } from '../core/errors.js';
-import { adminTokenOf } from '../http/auth.js';
+import { hasAdminToken } from '../http/auth.js';
 import { applySettings, settingsToWire } from '../core/settings.js';
 import { applyScenario, parseScenario, readScenarioSource, shippedScenarioNames } from './scenario.js';
 import {
@@ -54,7 +54,7 @@ export function adminRoutes(appIn: FastifyInstance, core: LoopsCore, options: Ad
     const expected = options.token;
     // The dashboard's controls send the cookie its sign-in set (SameSite=Strict: another site's page cannot).
     app.addHook('onRequest', async (request) => {
-      if (adminTokenOf(request) !== expected) {
+      if (!hasAdminToken(request, expected)) {
         throw new LoopsError('unauthorized', "The admin API needs 'Authorization: Bearer <admin token>' (the server's --admin-token), or the dashboard's sign-in.");
       }
     });

@@ -5,7 +5,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import Type from 'typebox';
 import type { Views } from '../control/views.js';
-import { ADMIN_COOKIE, adminTokenOf } from '../http/auth.js';
+import { ADMIN_COOKIE, hasAdminToken, sameToken } from '../http/auth.js';
 import { checkpointPath } from '../core/checkpoints.js';
 import { ManualClock } from '../core/clock.js';
 import type { LoopsCore } from '../core/core.js';
@@ -54,7 +54,7 @@ export function dashboardRoutes(appIn: FastifyInstance, core: LoopsCore, options
     if (options.adminToken === undefined) {
       throw new LoopsError('forbidden', 'With --api-key the dashboard needs an admin token: start loops-mock with --admin-token TOKEN, then sign in with it.', { login: '/_mock/ui' });
     }
-    if (adminTokenOf(request) !== options.adminToken) {
+    if (!hasAdminToken(request, options.adminToken)) {
       throw new LoopsError('unauthorized', "The dashboard needs the server's admin token: sign in at /_mock/ui, or send 'Authorization: Bearer <admin token>'.", { login: '/_mock/ui' });
     }
   };
@@ -71,7 +71,7 @@ export function dashboardRoutes(appIn: FastifyInstance, core: LoopsCore, options
   app.post('/_mock/ui/login', {
     schema: { tags, summary: 'Signs the dashboard in with the admin token: sets its cookie', body: Type.Object({ token: Type.String({ minLength: 1 }) }, { additionalProperties: false }) },
   }, (req, reply) => {
-    if (options.adminToken === undefined || req.body.token !== options.adminToken) {
+    if (options.adminToken === undefined || !sameToken(req.body.token, options.adminToken)) {
       throw new LoopsError('unauthorized', options.adminToken === undefined ? 'This server has no admin token to sign in with (start it with --admin-token).' : 'That is not the admin token.', { field: 'token' });
     }
     reply.header('set-cookie', `${ADMIN_COOKIE}=${encodeURIComponent(req.body.token)}; Path=/_mock; HttpOnly; SameSite=Strict`);
@@ -88,7 +88,7 @@ export function dashboardRoutes(appIn: FastifyInstance, core: LoopsCore, options
         version: VERSION,
         admin: options.admin,
         token_needed: options.adminToken !== undefined,
-        signed_in: options.adminToken !== undefined && adminTokenOf(req) === options.adminToken,
+        signed_in: options.adminToken !== undefined && hasAdminToken(req, options.adminToken),
         clock: { mode: core.clock instanceof ManualClock ? 'virtual' as const : 'real' as const, now: new Date(core.clock.now()).toISOString() },
         scenario: core.history.scenario && { ...core.history.scenario, applied_at: new Date(core.history.scenario.applied_at).toISOString() },
         runs: runs.map((r) => runSummary(r)),

@@ -1,3 +1,4 @@
+import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyRequest } from 'fastify';
 import type { LoopsCore } from '../core/core.js';
 import { LoopsError } from '../core/errors.js';
@@ -43,4 +44,16 @@ export function adminTokenOf(request: FastifyRequest): string | undefined {
   } catch {
     return undefined;
   }
+}
+
+/** Whether a request carries the admin token, compared in constant time (hashes of equal length, so the length leaks nothing either). */
+export function hasAdminToken(request: FastifyRequest, expected: string): boolean {
+  const given = adminTokenOf(request);
+  return given !== undefined && sameToken(given, expected);
+}
+
+/** Two tokens compared in constant time. */
+export function sameToken(given: string, expected: string): boolean {
+  const digest = (text: string) => createHash('sha256').update(text).digest();
+  return timingSafeEqual(digest(given), digest(expected));
 }

@@ -153,6 +153,7 @@ describe('the loops-mock command', () => {
       [['--clock', 'sundial'], '--clock must be real or virtual'],
       [['--clock', 'virtual'], '--clock virtual needs --admin'],
       [['--admin=maybe'], '--admin is a switch'],
+      [['--admin', '--api-key', 'k1'], '--admin with --api-key needs --admin-token'],
       [['--admin', '--scenario', 'no-such-scenario'], "no shipped scenario of that name"],
       [['--journal', '/no/such/dir/journal.ndjson'], 'cannot append'],
       [['--proxy', '--ca-dir', '/dev/null/ca'], 'cannot create the CA folder /dev/null/ca'],
