@@ -8,6 +8,7 @@ import { taskInputs, MODEL } from '../../conformance/tasks.js';
 import { EVAL_TICKETS, prompt, TICKETS } from '../../models/data/support-tickets.js';
 import { EnginePool, Tokenizers } from '../../models/index.js';
 import type { RunningServer } from '../index.js';
+import { chatTemplateCases, deployTrainedCheckpoint } from './deployed-checkpoint.js';
 import { REPO_ROOT, startTestServer } from './helpers.js';
 
 /**
@@ -53,6 +54,10 @@ beforeAll(async () => {
     sft_input: sftInput,
     driver: join(REPO_ROOT, 'conformance', 'drivers', 'python', 'driver.py'),
     uncapped_url: uncapped.url,
+    // A trained checkpoint deployed to inference on each server (test_deployed_checkpoint.py), and the chat-template cases.
+    deployed_direct: await deployTrainedCheckpoint(direct, MODEL),
+    deployed_proxy: await deployTrainedCheckpoint(proxy, MODEL),
+    chat_template_cases: chatTemplateCases(direct, [MODEL, 'deepseek-ai/DeepSeek-V4-Flash']),
   }));
   pytest = await new Promise((resolve) => {
     const child = spawn(PYTHON, ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', join(REPO_ROOT, 'client-tests')], {
