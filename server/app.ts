@@ -17,6 +17,7 @@ import { createBaseApp, type FrontOfHouse } from './http/base-app.js';
 import { dashboardRoutes } from './dashboard/routes.js';
 import { buildOpenApi } from './http/openapi.js';
 import type { PublicUrls } from './http/public-urls.js';
+import { graphqlRoutes } from './graphql/routes.js';
 import { hubRoutes } from './hub/routes.js';
 import { inferenceRoutes } from './inference/routes.js';
 import { samplerPlaneRoutes } from './sampler/routes.js';
@@ -59,6 +60,8 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
   await app.register(async (sampler) => samplerPlaneRoutes(sampler, core));
   // Checkpoints deployed to inference: OpenAI-compatible, on Baseten's URL shape for a model deployment.
   await app.register(async (inference) => inferenceRoutes(inference, core));
+  // Baseten's GraphQL API, as much as truss's `loops checkpoints deploy` and `whoami` use.
+  await app.register(async (graphql) => graphqlRoutes(graphql, core));
   // The Hugging Face mirror needs no key: clients send it Hub tokens, if anything.
   await app.register(async (hub) => hubRoutes(hub, core));
   if (options.admin) await app.register(async (admin) => adminRoutes(admin, core, { token: options.adminToken }));

@@ -67,6 +67,9 @@ export interface GenerationResult {
  */
 export class Inference {
   private readonly templates = new Map<string, ChatTemplate | null>();
+  /** Requests in flight per deployment, and each request's start with how many were in flight then (the metrics). */
+  private readonly inFlight = new Map<string, number>();
+  private readonly starts = new Map<string, { ts: number; concurrent: number }[]>();
 
   constructor(
     private readonly deployments: ModelDeployments,
@@ -132,6 +135,19 @@ export class Inference {
     } else throw bad('prompt', 'prompt must be a string or a non-empty list of token ids.');
     if (prompt.length === 0) throw bad('prompt', 'prompt is empty: send at least one token.');
     return this.run(r, this.generation(r, b, prompt, 'completion'), id);
+  }
+
+  /** Requests started per step (inference_volume) and the most in flight at a start (model_concurrent_requests), from start to end; timestamps in epoch seconds. */
+  metrics(r: ModelDeploymentRecord, startMs: number, endMs: number, stepMs: number) {
+    const starts = this.starts.get(r.deployment_id) ?? [];
+    const volume: { timestamp: number; value: number }[] = [];
+    const concurrent: { timestamp: number; value: number }[] = [];
+    for (let t = startMs; t < endMs; t += stepMs) {
+      const inStep = starts.filter((x) => x.ts >= t && x.ts < t + stepMs);
+      volume.push({ timestamp: t / 1000, value: inStep.length });
+      concurrent.push({ timestamp: t / 1000, value: inStep.reduce((m, x) => Math.max(m, x.concurrent), 0) });
+    }
+    return { inference_volume: volume, model_concurrent_requests: concurrent };
   }
 
   /** The chat template of a base model's tokenizer files (the ones the Hub mirror serves). */
@@ -203,7 +219,19 @@ export class Inference {
   private async run(r: ModelDeploymentRecord, g: Generation, id: string): Promise<GenerationResult> {
     const engine = this.engines.get(r.base_model);
     const codec = this.engines.sampleCodec(r.base_model);
-    const sequences = await sampleSequences(engine, g.adapter, g.prompt, g.n, g.params, codec);
+    const busy = (this.inFlight.get(r.deployment_id) ?? 0) + 1;
+    this.inFlight.set(r.deployment_id, busy);
+    const starts = this.starts.get(r.deployment_id) ?? [];
+    starts.push({ ts: this.clock.now(), concurrent: busy });
+    // The newest 10000 starts per deployment are what range_model_metrics can count.
+    if (starts.length > 10_000) starts.splice(0, starts.length - 10_000);
+    this.starts.set(r.deployment_id, starts);
+    let sequences: SampledSequence[];
+    try {
+      sequences = await sampleSequences(engine, g.adapter, g.prompt, g.n, g.params, codec);
+    } finally {
+      this.inFlight.set(r.deployment_id, (this.inFlight.get(r.deployment_id) ?? 1) - 1);
+    }
     const eos = new Set(codec.eosTokenIds);
     const choices: Choice[] = [];
     for (const [index, seq] of sequences.entries()) choices.push(await this.choice(r, g, seq, index, eos));

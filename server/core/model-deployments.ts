@@ -46,6 +46,29 @@ export class ModelDeployments {
 
   /** Deploys sampler checkpoints of the caller's organisation; not idempotent (every call is a new model). */
   deploy(p: Principal, input: DeployInput): ModelDeploymentRecord {
+    const found = this.check(p, input);
+    const base = found[0]!.base_model;
+    const record: ModelDeploymentRecord = {
+      org_id: p.org_id, user_id: p.user_id, team_id: p.team_id,
+      model_id: newModelId(),
+      deployment_id: newResourceId(),
+      name: input.model_name || `loops-${found[0]!.name}`,
+      base_model: base,
+      instance_type_id: input.instance_type_id || DEFAULT_INSTANCE_TYPE_ID,
+      hf_secret_name: input.hf_secret_name ?? null,
+      checkpoint_ids: found.map((c) => c.id),
+      created_at: this.clock.now(),
+      cold_start_ms: this.settings.modelColdStartMs,
+      deactivated_at: null,
+      deleted: false,
+    };
+    this.put(record);
+    this.logs.add(record.deployment_id, 'INFO', `Deploying ${found.map((c) => c.name).join(', ')} on ${base} (model ${record.model_id}, deployment ${record.deployment_id})`, 'inference');
+    return record;
+  }
+
+  /** The sampler checkpoints a deploy names, checked (a dry run stops here): same base model, distinct names, a valid model name. */
+  check(p: Principal, input: DeployInput): CheckpointRecord[] {
     const ids = input.checkpoint_ids;
     if (!Array.isArray(ids) || ids.length === 0) throw invalid('checkpoint_ids must list at least one checkpoint id (the `id` of GET /v1/loops/checkpoints items).', { field: 'checkpoint_ids' });
     const found: CheckpointRecord[] = ids.map((id, i) => {
@@ -66,23 +89,7 @@ export class ModelDeployments {
     if (input.model_name !== undefined && input.model_name !== null && !/^[A-Za-z0-9._ -]{1,128}$/.test(input.model_name)) {
       throw invalid(`model_name '${input.model_name}' may only hold 1-128 letters, digits, spaces, '.', '_' and '-'.`, { field: 'model_name' });
     }
-    const record: ModelDeploymentRecord = {
-      org_id: p.org_id, user_id: p.user_id, team_id: p.team_id,
-      model_id: newModelId(),
-      deployment_id: newResourceId(),
-      name: input.model_name || `loops-${found[0]!.name}`,
-      base_model: base,
-      instance_type_id: input.instance_type_id || DEFAULT_INSTANCE_TYPE_ID,
-      hf_secret_name: input.hf_secret_name ?? null,
-      checkpoint_ids: found.map((c) => c.id),
-      created_at: this.clock.now(),
-      cold_start_ms: this.settings.modelColdStartMs,
-      deactivated_at: null,
-      deleted: false,
-    };
-    this.put(record);
-    this.logs.add(record.deployment_id, 'INFO', `Deploying ${found.map((c) => c.name).join(', ')} on ${base} (model ${record.model_id}, deployment ${record.deployment_id})`, 'inference');
-    return record;
+    return found;
   }
 
   /** The deployment's status now: the cold start's phase, ACTIVE after it, INACTIVE once deactivated. */

@@ -25,7 +25,8 @@ declare module 'fastify' {
 export function surfaceOf(url: string): Surface {
   if (url.startsWith('/_mock/') || url === '/_mock') return 'admin';
   if (url.startsWith('/trainer/')) return 'trainer';
-  if (url.startsWith('/sampler/')) return 'sampler';
+  // A checkpoint deployed to inference is sampling too: its OpenAI-compatible door counts with the samplers.
+  if (url.startsWith('/sampler/') || url.startsWith('/model/')) return 'sampler';
   if (url.startsWith('/hf/') || url === '/hf') return 'hub';
   if (url === '/healthz' || url === '/openapi.json' || url.startsWith('/healthz?')) return 'service';
   return 'control';

@@ -1,0 +1,45 @@
+import type { FastifyInstance } from 'fastify';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import { execute, GraphQLError, parse, validate, type DocumentNode } from 'graphql';
+import Type from 'typebox';
+import type { LoopsCore } from '../core/core.js';
+import { requirePrincipal } from '../http/auth.js';
+import { graphqlSchema, rootValue } from './schema.js';
+
+/** `{"errors": [...]}` with a 200, as GraphQL servers answer what they could not run (truss raises on `errors[0]`). */
+const failed = (message: string, code: string) => ({ errors: [{ message, extensions: { code, description: message } }] });
+
+/**
+ * `POST /graphql/` (and `/graphql`): the request is parsed and validated
+ * against the schema with graphql-js, then executed against the core. In
+ * proxy mode `https://app.baseten.co/graphql/` lands here.
+ */
+export function graphqlRoutes(appIn: FastifyInstance, core: LoopsCore): void {
+  const app = appIn.withTypeProvider<TypeBoxTypeProvider>();
+  const schema = graphqlSchema();
+  const root = rootValue(core);
+  for (const url of ['/graphql/', '/graphql']) {
+    app.post(url, { schema: { tags: ['graphql'], summary: "Baseten's GraphQL API as truss calls it (listed_instances, create_model_version_from_inference_template, organization, user, range_model_metrics)", body: Type.Unknown() } as object }, async (req) => {
+      const principal = requirePrincipal(core, req);
+      const body = req.body as { query?: unknown; variables?: unknown; operationName?: unknown } | null;
+      if (typeof body !== 'object' || body === null || typeof body.query !== 'string') return failed('Send a JSON body {"query": "...", "variables": {...}}: query must be a string.', 'BAD_REQUEST');
+      if (body.variables !== undefined && body.variables !== null && (typeof body.variables !== 'object' || Array.isArray(body.variables))) return failed('variables must be an object.', 'BAD_REQUEST');
+      let document: DocumentNode;
+      try {
+        document = parse(body.query);
+      } catch (err) {
+        return failed((err as GraphQLError).message, 'GRAPHQL_PARSE_FAILED');
+      }
+      const problems = validate(schema, document);
+      if (problems.length) return { errors: problems.map((e) => ({ message: e.message, locations: e.locations, extensions: { code: 'GRAPHQL_VALIDATION_FAILED', description: e.message } })) };
+      const result = await execute({
+        schema, document, rootValue: root, contextValue: { principal },
+        variableValues: (body.variables as Record<string, unknown> | undefined) ?? undefined,
+        operationName: typeof body.operationName === 'string' ? body.operationName : undefined,
+      });
+      return result.errors?.length
+        ? { ...result, errors: result.errors.map((e) => ({ message: e.message, locations: e.locations, path: e.path, extensions: { code: 'BAD_USER_INPUT', description: e.message, ...e.extensions } })) }
+        : result;
+    });
+  }
+}
