@@ -65,14 +65,22 @@ export function samplerRoutes(app: TypedApp, ctx: ControlContext, modelViews: Mo
 
   // A sampler's own lines of the deployment it logs into. The Baseten CLI's `loops run logs --sampler` GETs them with
   // a query; truss's `loops logs --sampler` POSTs the same filters as a JSON body (`{}` for the defaults).
+  // A checkpoint deployed to inference logs into its own deployment id: all its lines are its own.
+  const deployedLogs = (p: Principal, params: Static<typeof ModelDeploymentParams>) => core.modelDeployments.findOwned(p, params.model_id, params.deployment_id)?.deployment_id;
   const samplerDeployment = (p: Principal, params: Static<typeof ModelDeploymentParams>) =>
-    core.modelDeployments.findOwned(p, params.model_id, params.deployment_id)?.deployment_id ?? core.fleet.deploymentOfSampler(core.fleet.getModelDeployment(p, params.model_id, params.deployment_id).id);
+    core.fleet.deploymentOfSampler(core.fleet.getModelDeployment(p, params.model_id, params.deployment_id).id);
   app.get(`${route}/logs`, {
     schema: { tags: modelTags, summary: "A sampler's log lines through its model deployment (newest first; the last 30 minutes unless a range is given)", params: ModelDeploymentParams, querystring: LogsQuery, response: replies(LogsResponse) },
-  }, (req) => logsAnswer(ctx, req, samplerDeployment(req.principal, req.params), req.query, 'sampler'));
+  }, (req) => {
+    const deployed = deployedLogs(req.principal, req.params);
+    return deployed ? logsAnswer(ctx, req, deployed, req.query) : logsAnswer(ctx, req, samplerDeployment(req.principal, req.params), req.query, 'sampler');
+  });
   app.post(`${route}/logs`, {
     schema: { tags: modelTags, summary: "A sampler's log lines through its model deployment, the filters as a JSON body (truss's call)", params: ModelDeploymentParams, body: LogsBody, response: replies(LogsResponse) },
-  }, (req) => logsReply(ctx, samplerDeployment(req.principal, req.params), req.body ?? {}, 'body', 'sampler'));
+  }, (req) => {
+    const deployed = deployedLogs(req.principal, req.params);
+    return deployed ? logsReply(ctx, deployed, req.body ?? {}, 'body') : logsReply(ctx, samplerDeployment(req.principal, req.params), req.body ?? {}, 'body', 'sampler');
+  });
 
   app.post(`${route}/deactivate`, {
     schema: { tags: modelTags, summary: 'Deactivate a sampler through its model deployment', params: ModelDeploymentParams, response: replies(DeactivateResponseV1) },

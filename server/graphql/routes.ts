@@ -18,8 +18,9 @@ export function graphqlRoutes(appIn: FastifyInstance, core: LoopsCore): void {
   const app = appIn.withTypeProvider<TypeBoxTypeProvider>();
   const schema = graphqlSchema();
   const root = rootValue(core);
+  // truss posts to `/graphql/`; the bare form is the same route (hidden from /openapi.json, where it would repeat it).
   for (const url of ['/graphql/', '/graphql']) {
-    app.post(url, { schema: { tags: ['graphql'], summary: "Baseten's GraphQL API as truss calls it (listed_instances, create_model_version_from_inference_template, organization, user, range_model_metrics)", body: Type.Unknown() } as object }, async (req) => {
+    app.post(url, { schema: { tags: ['graphql'], summary: "Baseten's GraphQL API as truss calls it (listed_instances, create_model_version_from_inference_template, organization, user, range_model_metrics)", body: Type.Unknown(), ...(url === '/graphql' ? { hide: true } : {}) } as object }, async (req) => {
       const principal = requirePrincipal(core, req);
       const body = req.body as { query?: unknown; variables?: unknown; operationName?: unknown } | null;
       if (typeof body !== 'object' || body === null || typeof body.query !== 'string') return failed('Send a JSON body {"query": "...", "variables": {...}}: query must be a string.', 'BAD_REQUEST');

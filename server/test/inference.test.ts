@@ -127,6 +127,12 @@ describe('deploying a checkpoint to inference', () => {
     }
     expect(seen).toEqual(['BUILDING', 'DEPLOYING', 'LOADING_MODEL', 'ACTIVE']);
     expect((await c.call('POST', chatPath, { model: 'step-1', messages: ticketMessages, max_tokens: 2 })).status).toBe(200);
+    // Its log lines on both log routes: the deploy and the request it served.
+    for (const logs of [await c.call('GET', `${route}/logs`), await c.call('POST', `${route}/logs`, {})]) {
+      const messages = logs.body.logs.map((l: any) => l.message);
+      expect(messages.some((m: string) => m.startsWith('Deploying step-1'))).toBe(true);
+      expect(messages.some((m: string) => /^step-1: \d+ prompt tokens, \d+ completion tokens$/.test(m))).toBe(true);
+    }
     expect((await c.call('POST', `${route}/deactivate`)).body).toEqual({ success: true });
     expect((await c.call('GET', route)).body.status).toBe('INACTIVE');
     const stopped = await c.call('POST', chatPath, { model: 'step-1', messages: ticketMessages, max_tokens: 2 });
