@@ -1,3 +1,6 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { EnginePool } from '../../models/index.js';
 import { datum, prompt, TICKETS } from '../../models/data/support-tickets.js';
@@ -197,6 +200,25 @@ describe('deploying a checkpoint to inference', () => {
       const stopped = await c.call('POST', `${base}/chat/completions`, { model: 'step-1', messages: ticketMessages, max_tokens: 6, temperature: 0, stop: [stop] });
       expect(stopped.body.choices[0].message.content).toBe(text.slice(0, text.indexOf(stop)));
       expect(stopped.body.choices[0].finish_reason).toBe('stop');
+    }
+  }, 120_000);
+
+  it('keeps deployed checkpoints across a restart with --data-dir, serving the same greedy answer', async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'deployed-'));
+    try {
+      let c = await start({ dataDir });
+      const { sampler } = await c.trained();
+      const d = (await c.call('POST', '/v1/loops/checkpoints/deploy', { checkpoint_ids: [sampler.id] })).body;
+      const chatPath = `/model/${d.model_id}/deployment/${d.deployment_id}/sync/v1/chat/completions`;
+      const body = { model: 'step-1', messages: ticketMessages, max_tokens: 6, temperature: 0 };
+      const before = (await c.call('POST', chatPath, body)).body.choices[0].message.content;
+      await server.close();
+      c = await start({ dataDir });
+      expect((await c.call('GET', `/v1/models/${d.model_id}/deployments/${d.deployment_id}`)).body.status).toBe('ACTIVE');
+      expect((await c.call('POST', chatPath, body)).body.choices[0].message.content).toBe(before);
+    } finally {
+      await server?.close();
+      rmSync(dataDir, { recursive: true, force: true });
     }
   }, 120_000);
 
