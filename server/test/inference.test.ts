@@ -192,6 +192,14 @@ describe('deploying a checkpoint to inference', () => {
     expect(lp.length).toBeGreaterThan(0);
     expect(lp[0].top_logprobs).toHaveLength(2);
     expect(lp.map((t: any) => t.token).join('')).toBe(a.body.choices[0].message.content);
+    // tools and chat_template_kwargs reach the template: the prompt is what it renders with them.
+    const tools = [{ type: 'function', function: { name: 'lookup_account', description: 'Find an account', parameters: { type: 'object', properties: {} } } }];
+    const withTools = await c.call('POST', `${base}/chat/completions`, { model: 'step-1', messages: ticketMessages, max_tokens: 1, tools, chat_template_kwargs: { enable_thinking: false } });
+    const rendered = server.core.inference.template(MODEL).render(ticketMessages, { addGenerationPrompt: true, tools, kwargs: { enable_thinking: false } });
+    expect(rendered).toContain('lookup_account');
+    expect(withTools.body.usage.prompt_tokens).toBe(tok.encode(rendered).length);
+    const plain = await c.call('POST', `${base}/chat/completions`, { model: 'step-1', messages: ticketMessages, max_tokens: 1 });
+    expect(withTools.body.usage.prompt_tokens).toBeGreaterThan(plain.body.usage.prompt_tokens);
     // A stop string ends the answer before it.
     const greedy = await c.call('POST', `${base}/chat/completions`, { model: 'step-1', messages: ticketMessages, max_tokens: 6, temperature: 0 });
     const text: string = greedy.body.choices[0].message.content;
