@@ -1,14 +1,14 @@
 import { BatchQueue, flushSoon } from './batch-queue.js';
 import { InlineRunner, WorkerRunner, type Runner } from './engine-runner.js';
 import { blockSequence, blocksOf, SequenceCache, type Block } from './blocks.js';
-import { cotangentFeed, feed, fitsOneRun, grownCaches, loraFeeds, ownCotangentFeeds, positionsOf, promptFeeds, rowCache, scoringUnits, sequenceFeeds, stepFeeds, topkRows, unpad, type DecodeRow, type DecodeState, type RowCache, type ScoredSequence, type ScoringLimits } from './feeds.js';
+import { cotangentFeed, feed, fitsOneRun, grownCaches, loraFeeds, ownCotangentFeeds, positionsOf, promptFeeds, rowCache, scoringUnits, sequenceFeeds, stepFeeds, topkRows, unpad, type DecodeRow, type DecodeState, type RowCache, type ScoredSequence, type ScoringLimits, type TopTokens } from './feeds.js';
 import { freshAdapter, siteRank, versionKey, type LoraAdapter } from './lora.js';
 import { columnsOf, memberGrads } from './side-by-side.js';
 import type { Feed } from './runner-protocol.js';
 import { DECODE_KINDS, DEFAULT_DIMS, layerSites, loraSites, MIXED_SLOTS, NUCLEUS_TESTS_UP_TO, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
 
 export { DeviceUnavailableError } from './device-error.js';
-export type { DecodeRow, DecodeState, RowCache, ScoredSequence } from './feeds.js';
+export type { DecodeRow, DecodeState, RowCache, ScoredSequence, TopTokens } from './feeds.js';
 
 export type Device = 'cpu' | 'cuda';
 
@@ -317,11 +317,15 @@ export class ModelEngine {
     return out;
   }
 
-  /** For each sequence: the target logprobs, and the k most likely tokens with their logprobs at every position. */
-  async topk(seqs: ScoredSequence[], adapter: LoraAdapter, k: number): Promise<{ logprobs: Float32Array[]; top: { ids: number[]; logprobs: number[] }[][] }> {
+  /**
+   * For each sequence: the target logprobs of its scored positions (all by default), and at each of them the k
+   * most likely tokens with their logprobs (an empty row at every other position). The top-k is taken in the
+   * graph, over the log-softmax the logprobs come from: only k values per scored position leave it.
+   */
+  async topk(seqs: ScoredSequence[], adapter: LoraAdapter, k: number): Promise<{ logprobs: Float32Array[]; top: TopTokens[][] }> {
     const logprobs: Float32Array[] = [];
-    const top: { ids: number[]; logprobs: number[] }[][] = [];
-    for (const { seqs: chunk, long } of scoringUnits(seqs.map((s) => ({ ...s, scored: undefined })), this.limits)) {
+    const top: TopTokens[][] = [];
+    for (const { seqs: chunk, long } of scoringUnits(seqs, this.limits)) {
       if (long) {
         const scored = await this.scoreBlocks(chunk[0]!, adapter, 'topk', k);
         logprobs.push(scored.logprobs);
@@ -429,12 +433,12 @@ export class ModelEngine {
    * keys and values of those before it. Blocks after the last scored
    * position are not run (forward); topk scores every position.
    */
-  private async scoreBlocks(seq: ScoredSequence, adapter: LoraAdapter, kind: 'forward' | 'topk', k = 0, keysForBackward = false): Promise<{ logprobs: Float32Array; top: { ids: number[]; logprobs: number[] }[]; cache: SequenceCache; blocks: Block[] }> {
-    const lastScored = kind === 'topk' ? seq.tokens.length - 1 : Math.max(-1, ...positionsOf(seq));
+  private async scoreBlocks(seq: ScoredSequence, adapter: LoraAdapter, kind: 'forward' | 'topk', k = 0, keysForBackward = false): Promise<{ logprobs: Float32Array; top: TopTokens[]; cache: SequenceCache; blocks: Block[] }> {
+    const lastScored = Math.max(-1, ...positionsOf(seq));
     const blocks = blocksOf(seq.tokens.length, this.dims.heads, this.blockLimits).filter(([start]) => start <= lastScored);
     const cache = new SequenceCache(this.dims, seq.tokens.length);
     const logprobs = new Float32Array(seq.tokens.length);
-    const top: { ids: number[]; logprobs: number[] }[] = [];
+    const top: TopTokens[] = kind === 'topk' ? Array.from({ length: seq.tokens.length }, () => ({ ids: [], logprobs: [] })) : [];
     // For a backward pass only the keys and values before the last block are needed: no block reads the last one's.
     for (const block of keysForBackward ? blocks.slice(0, -1) : blocks) {
       const part = blockSequence(seq, block);
@@ -443,7 +447,7 @@ export class ModelEngine {
       // A backward pass takes every block's logprobs from its own backward run: here only the keys and values.
       const result = await this.run(kind, feeds, [...(keysForBackward ? [] : ['logprobs']), ...this.blockKv, ...(kind === 'topk' ? ['topk_values', 'topk_indices'] : [])], adapter);
       if (!keysForBackward) logprobs.set(unpad(result.logprobs!, [part])[0]!, block[0]);
-      if (kind === 'topk') top.push(...topkRows(result.topk_values!, result.topk_indices! as unknown as BigInt64Array, [part], k)[0]!);
+      if (kind === 'topk') topkRows(result.topk_values!, result.topk_indices! as unknown as BigInt64Array, [part], k)[0]!.forEach((row, i) => { if (row.ids.length) top[block[0] + i] = row; });
       this.blockKv.forEach((name, i) => cache.write(i, block[0], result[name]!));
     }
     return { logprobs, top, cache, blocks };

@@ -215,13 +215,23 @@ export function unpad(flat: Float32Array, chunk: ScoredSequence[]): Float32Array
   });
 }
 
-/** Per sequence and position, the k most likely tokens from the topk graph's [B, T, k] outputs. */
-export function topkRows(values: Float32Array, indices: BigInt64Array, chunk: ScoredSequence[], k: number): { ids: number[]; logprobs: number[] }[][] {
-  const T = Math.max(...chunk.map((s) => s.tokens.length));
-  return chunk.map((s, b) => Array.from({ length: s.tokens.length }, (_, t) => {
-    const at = (b * T + t) * k;
-    return { ids: Array.from(indices.subarray(at, at + k), Number), logprobs: Array.from(values.subarray(at, at + k)) };
-  }));
+/** The k most likely tokens at one position, most likely first, and their logprobs. */
+export interface TopTokens {
+  ids: number[];
+  logprobs: number[];
+}
+
+/** Per sequence and position, the k most likely tokens from the topk graph's [B, S, k] outputs (one row per score slot); an empty row where a position was not scored. */
+export function topkRows(values: Float32Array, indices: BigInt64Array, chunk: ScoredSequence[], k: number): TopTokens[][] {
+  const S = Math.max(...chunk.map(scoredCount));
+  return chunk.map((s, b) => {
+    const rows: TopTokens[] = Array.from({ length: s.tokens.length }, () => ({ ids: [], logprobs: [] }));
+    positionsOf(s).forEach((t, j) => {
+      const at = (b * S + j) * k;
+      rows[t] = { ids: Array.from(indices.subarray(at, at + k), Number), logprobs: Array.from(values.subarray(at, at + k)) };
+    });
+    return rows;
+  });
 }
 
 /** Feeds of the decode graphs for prompts (right-padded to the longest) after the cached positions of `state`. */

@@ -125,6 +125,11 @@ export const TERMS: Record<LossName, TermFn> = {
   },
 };
 
+/** Whether position t of a datum counts in the loss (and in `active_tokens`): counted, and for a ratio loss a non-zero advantage. */
+export function isActive(name: LossName, d: LossDatum, t: number): boolean {
+  return d.counted[t] === 1 && (!isRatioLoss(name) || (d.advantages?.[t] ?? 0) !== 0);
+}
+
 /**
  * Loss over a batch. `mean` (Loops): the weighted mean over counted
  * positions, gradients of that mean; `sum` (Tinker): the weighted sum.
@@ -143,8 +148,8 @@ export function computeLoss(name: LossName, config: Record<string, number>, data
   data.forEach((d, i) => {
     const lp = logprobs[i]!;
     for (let t = 0; t < d.counted.length; t++) {
+      if (!isActive(name, d, t)) continue;
       const A = d.advantages?.[t] ?? 0;
-      if (!d.counted[t] || (ratio && A === 0)) continue;
       const w = d.weights?.[t] ?? 1;
       const q = d.samplerLogprobs?.[t] ?? 0;
       const { value, grad, clipped } = term(lp[t]!, q, A, config);

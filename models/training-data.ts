@@ -13,6 +13,22 @@ export interface TrainingDatum {
 
 export const IGNORE_TARGET = -100;
 
+/** Most top-k tokens a forward or forward_backward may ask for per position (`top_k_logprobs`). */
+export const MAX_TOP_K_LOGPROBS = 20;
+
+/**
+ * How a datum's positions line up with what they score. `next`: position t scores `target_tokens[t]`, or
+ * without them the next input token (Tinker's convention; cross_entropy's without targets). `token`: position
+ * k scores input token k given tokens 0..k-1, so position 0 scores nothing: the policy losses without
+ * `target_tokens`, as the RL guide builds its datums (the sampler's logprob of each completion token at that
+ * token's own index).
+ */
+export type Alignment = 'next' | 'token';
+
+export function alignmentOf(datum: Pick<TrainingDatum, 'targetTokens'>, loss: LossName): Alignment {
+  return isRatioLoss(loss) && !datum.targetTokens ? 'token' : 'next';
+}
+
 /**
  * The one check of training data, for the trainer plane at submit time and
  * for LoraTrainer itself: tokens and targets inside the vocabulary, one value
@@ -43,6 +59,10 @@ export function checkTrainingData(data: TrainingDatum[], vocab: number, loss: Lo
     }
     if (isRatioLoss(loss) && (!d.logprobs || !d.advantages)) {
       throw new LossInputError(`${at}.loss_fn_inputs`, `${at}: loss_fn '${loss}' needs loss_fn_inputs.logprobs (the sampler's logprobs of the tokens) and loss_fn_inputs.advantages.`);
+    }
+    if (alignmentOf(d, loss) === 'token' && d.advantages![0] !== 0) {
+      const field = `${at}.loss_fn_inputs.advantages`;
+      throw new LossInputError(field, `${field}[0] is ${d.advantages![0]}, but position 0 scores nothing: without target_tokens, '${loss}' scores token k at position k given the tokens before it, and the first token has none. Set advantages[0] (and logprobs[0]) to 0, as prompt positions are, or send target_tokens to score each position's next token.`);
     }
   });
 }

@@ -113,7 +113,8 @@ export interface BuiltGraph {
  * - draw_nucleus_wide: the same for a prompt's many draws (more than NUCLEUS_TESTS_UP_TO): each row's
  *   nucleus found once;
  * - greedy: decode, with the most likely next token chosen inside the graph;
- * - topk: the forward logprobs, and the k most likely tokens at every position (prompt top-k).
+ * - topk: the forward logprobs, and the k most likely tokens at every scored position (prompt top-k, a
+ *   training pass's `top_k_logprobs`).
  */
 export interface GraphOptions {
   /**

@@ -69,6 +69,22 @@ describe('blocked scoring of long sequences', () => {
     expect(maxDiff(a.logprobs[0]!, b.logprobs[0]!)).toBeLessThan(1e-5);
   });
 
+  it('gives the top-k at the scored positions only, blocked or not (a training pass\'s top_k_logprobs)', async () => {
+    const s = seqs[3]!;
+    const a = await whole.topk([s], adapter, 4);
+    const b = await blocked.topk([s], adapter, 4);
+    const all = await whole.topk([{ tokens: s.tokens, targets: s.targets }], adapter, 4);
+    for (const { top, logprobs } of [a, b]) {
+      expect(top[0]).toHaveLength(s.tokens.length);
+      top[0]!.forEach((row, t) => {
+        if (!s.scored!.includes(t)) return expect(row.ids).toEqual([]);
+        expect(row.ids).toEqual(all.top[0]![t]!.ids);
+        expect(maxDiff(row.logprobs, all.top[0]![t]!.logprobs)).toBeLessThan(1e-5);
+        expect(Math.abs(logprobs[0]![t]! - all.logprobs[0]![t]!)).toBeLessThan(1e-5);
+      });
+    }
+  });
+
   it('prefills a long prompt in blocks: the same next-token distribution and cache', async () => {
     const prompt = seq(61, 9).tokens;
     const a = await whole.startSequence(prompt, adapter, 1, null);

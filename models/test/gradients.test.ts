@@ -23,17 +23,20 @@ async function checkLoss(loss: LossName): Promise<string[]> {
   // Non-zero B everywhere, so every tensor's gradient is exercised (a fresh adapter has B = 0, which zeroes dA).
   for (const p of parameters(trainer.adapter).values()) for (let i = 0; i < p.length; i++) if (p[i] === 0) p[i] = Math.sin(i * 1.37 + p.length) * 0.05;
   const tokens = [[3, 17, 42, 9, 33, 5], [11, 2, 60, 8]];
+  // The second datum has no target_tokens: next-token for cross_entropy, token-aligned for the policy losses
+  // (position 0 scores nothing, so its advantage is 0).
   const data: TrainingDatum[] = tokens.map((t, k) => ({
     tokens: t,
     targetTokens: k === 0 ? [17, 42, -100, 33, 5, 1] : null,
     weights: Float32Array.from(t, (_, i) => 0.5 + (i % 3) * 0.5),
     logprobs: null,
-    advantages: Float32Array.from(t, (_, i) => [1, -0.5, 0, 2, -1.5, 0.7][i % 6]!),
+    advantages: Float32Array.from(t, (_, i) => (k === 1 && i === 0 ? 0 : [1, -0.5, 0, 2, -1.5, 0.7][i % 6]!)),
   }));
   const config = { ...LOSS_CONFIG_DEFAULTS[loss] };
   if (loss !== 'cross_entropy') {
     // Sampler logprobs set so each ratio sits clearly inside or outside the clip ranges: no kink within ε.
-    const base = await trainer.forward(data.map((d) => ({ ...d, logprobs: new Float32Array(d.tokens.length), advantages: null })), 'cross_entropy', {});
+    // The learner's logprobs come from a pass of the same loss, so each datum's are in its own alignment.
+    const base = await trainer.forward(data.map((d) => ({ ...d, logprobs: new Float32Array(d.tokens.length) })), loss, config);
     data.forEach((d, k) => { d.logprobs = Float32Array.from(base.logprobs[k]!, (lp, i) => lp - [-0.6, 0.05, 0.6, 2.0][i % 4]!); });
   }
   await trainer.forwardBackward(data, loss, config);
@@ -49,7 +52,7 @@ async function checkLoss(loss: LossName): Promise<string[]> {
       let weight = 0;
       data.forEach((d, k) => d.tokens.forEach((_, t) => {
         const A = d.advantages![t]!;
-        const counted = (d.targetTokens?.[t] ?? 0) !== -100 && (d.targetTokens !== null || t + 1 < d.tokens.length);
+        const counted = d.targetTokens !== null ? d.targetTokens[t] !== -100 : t >= 1;
         if (!counted || A === 0) return;
         total += d.weights![t]! * -weightsAt0[k]![t]! * logprobs[k]![t]! * A;
         weight += d.weights![t]!;

@@ -1,9 +1,9 @@
 import { createHash } from 'node:crypto';
 import {
   adapterConfig, ADAM_DEFAULTS, CheckpointLoadError, checkTrainingData, isLossName, LOSS_NAMES, LossInputError, LoraTrainer, resolveLossConfig, type AdamParams,
-  type EnginePool, type LossName, type TrainingDatum,
+  MAX_TOP_K_LOGPROBS, type EnginePool, type LossName, type TopTokens, type TrainingDatum,
 } from '../../models/index.js';
-import type { ForwardBody, TrainerBody, TrainerOp } from '../wire/trainer.js';
+import type { ForwardBody, TrainerBody, TrainerOp, WireTensorData } from '../wire/trainer.js';
 import { MAX_LORA_RANK, type Fleet } from './fleet.js';
 import type { Checkpoints } from './checkpoints.js';
 import { assertSafeCheckpointName, parseCheckpointPath } from './checkpoints.js';
@@ -99,12 +99,12 @@ export class Trainers {
     switch (request.op) {
       case 'forward':
       case 'forward_backward': {
-        const { data, loss, config } = this.checkPass(run, request.body);
+        const { data, loss, config, topK } = this.checkPass(run, request.body);
         return async (t) => {
-          const r = op === 'forward' ? await t.forward(data, loss, config) : await t.forwardBackward(data, loss, config);
+          const r = op === 'forward' ? await t.forward(data, loss, config, { topK }) : await t.forwardBackward(data, loss, config, { topK });
           return {
             loss: r.loss,
-            loss_fn_outputs: r.logprobs.map((lp) => ({ logprobs: { data: Array.from(lp), dtype: 'float32', shape: [lp.length] } })),
+            loss_fn_outputs: r.logprobs.map((lp, i) => ({ logprobs: { data: Array.from(lp), dtype: 'float32', shape: [lp.length] }, ...(r.top ? topTensors(r.top[i]!, topK) : {}) })),
             metrics: r.metrics,
           };
         };
@@ -167,9 +167,12 @@ export class Trainers {
    * own rules here (chunks, length, input names, dtypes, shapes), the data's
    * rules in checkTrainingData (the engine's one check), all at submit time.
    */
-  private checkPass(run: RunRecord, body: ForwardBody): { data: TrainingDatum[]; loss: LossName; config: Record<string, number> } {
-    if (!isLossName(body.loss_fn)) throw invalid(`loss_fn '${body.loss_fn}' is not a loss of Loops: use one of ${LOSS_NAMES.join(', ')}.`, { field: 'loss_fn' });
-    const loss = body.loss_fn;
+  private checkPass(run: RunRecord, body: ForwardBody): { data: TrainingDatum[]; loss: LossName; config: Record<string, number>; topK: number } {
+    // Absent: the SDK's default.
+    const loss = body.loss_fn ?? 'cross_entropy';
+    if (!isLossName(loss)) throw invalid(`loss_fn '${loss}' is not a loss of Loops: use one of ${LOSS_NAMES.join(', ')} (or leave it out for cross_entropy).`, { field: 'loss_fn' });
+    const topK = body.top_k_logprobs ?? 0;
+    if (topK < 0 || topK > MAX_TOP_K_LOGPROBS) throw invalid(`top_k_logprobs ${topK} is out of range: use 0..${MAX_TOP_K_LOGPROBS} (0 or absent: none).`, { field: 'top_k_logprobs' });
     const vocab = this.engines.vocabSize(run.base_model);
     try {
       const config = resolveLossConfig(loss, body.loss_fn_config);
@@ -194,7 +197,7 @@ export class Trainers {
         return { tokens, targetTokens: arrays.target_tokens ?? null, weights: f32(arrays.weights), logprobs: f32(arrays.logprobs), advantages: f32(arrays.advantages) };
       });
       checkTrainingData(data, vocab, loss);
-      return { data, loss, config };
+      return { data, loss, config, topK };
     } catch (err) {
       if (err instanceof LossInputError) throw invalid(err.message, { field: err.field });
       throw err;
@@ -239,6 +242,22 @@ function checkAdam(given: Partial<AdamParams>): AdamParams {
   }
   return hp;
 }
+
+/**
+ * A datum's top-k as `loss_fn_outputs` carries it [M: the wire names are not published]: `top_k_token_ids`
+ * (int64) and `top_k_logprobs` (float32), each [L, k] row-major like Tinker's TopkLogprobs matrices, most
+ * likely first; a position that is not active holds Tinker's sentinels (token 0, logprob -99999).
+ */
+function topTensors(rows: TopTokens[], k: number): { top_k_token_ids: WireTensorData; top_k_logprobs: WireTensorData } {
+  const ids = new Array<number>(rows.length * k).fill(0);
+  const logprobs = new Array<number>(rows.length * k).fill(TOP_K_SENTINEL_LOGPROB);
+  rows.forEach((row, t) => row.ids.forEach((id, j) => { ids[t * k + j] = id; logprobs[t * k + j] = row.logprobs[j]!; }));
+  const shape = [rows.length, k];
+  return { top_k_token_ids: { data: ids, dtype: 'int64', shape }, top_k_logprobs: { data: logprobs, dtype: 'float32', shape } };
+}
+
+/** The logprob a top-k slot of an inactive position holds (Tinker's sentinel for empty positions). */
+const TOP_K_SENTINEL_LOGPROB = -99999;
 
 /** The checkpoint record's summary of adapter_config.json. */
 function adapterConfigOf(t: LoraTrainer): Record<string, unknown> {

@@ -23,8 +23,11 @@ export const Datum = Type.Object({
 
 export const ForwardRequest = Type.Object({
   data: Type.Array(Datum, { minItems: 1 }),
-  loss_fn: Type.String(),
+  // Optional: the SDK's default, and a plain `{"data": [...]}`, is cross_entropy.
+  loss_fn: Type.Optional(Type.String()),
   loss_fn_config: Type.Optional(Type.Union([Type.Record(Type.String(), Type.Number()), Type.Null()])),
+  // 0..MAX_TOP_K_LOGPROBS, checked in the core (a 400 naming the field and the range); null or 0: none.
+  top_k_logprobs: Type.Optional(Type.Union([Type.Integer(), Type.Null()])),
 }, { ...strict, title: 'ForwardBackwardRequest' });
 
 export const OptimStepRequest = Type.Object({
