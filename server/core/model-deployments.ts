@@ -15,6 +15,15 @@ export interface DeployInput {
   hf_secret_name?: string | null;
 }
 
+/** The instance types the mock lists [M]: single-node H100 and A100 shapes, and a multi-node H100 one truss must skip. */
+export const INSTANCE_TYPES = [
+  { id: 'H100:1x', name: 'H100:1x', display_name: '1x H100', gpu_count: 1, default: true, gpu_memory: 81_920, node_count: 1, gpu_type: 'H100', millicpu_limit: 26_000, memory_limit: 240_000, price: 0.1083, limited_capacity: false },
+  { id: 'H100:2x', name: 'H100:2x', display_name: '2x H100', gpu_count: 2, default: false, gpu_memory: 81_920, node_count: 1, gpu_type: 'H100', millicpu_limit: 52_000, memory_limit: 480_000, price: 0.2166, limited_capacity: false },
+  { id: 'H100:8x', name: 'H100:8x', display_name: '8x H100', gpu_count: 8, default: false, gpu_memory: 81_920, node_count: 1, gpu_type: 'H100', millicpu_limit: 208_000, memory_limit: 1_920_000, price: 0.8664, limited_capacity: false },
+  { id: 'H100:8x2', name: 'H100:8x2', display_name: '2 nodes of 8x H100', gpu_count: 8, default: false, gpu_memory: 81_920, node_count: 2, gpu_type: 'H100', millicpu_limit: 208_000, memory_limit: 1_920_000, price: 1.7328, limited_capacity: true },
+  { id: 'A100:1x', name: 'A100:1x', display_name: '1x A100', gpu_count: 1, default: false, gpu_memory: 81_920, node_count: 1, gpu_type: 'A100', millicpu_limit: 12_000, memory_limit: 144_000, price: 0.0667, limited_capacity: false },
+];
+
 /** The instance type a deploy gets when it names none (truss asks listed_instances for an H100 one). */
 export const DEFAULT_INSTANCE_TYPE_ID = 'H100:1x';
 
@@ -85,6 +94,9 @@ export class ModelDeployments {
     for (const c of found) {
       if (names.has(c.name)) throw invalid(`checkpoint_ids names two checkpoints called '${c.name}': each is addressed by its name as the \`model\` of a request, so the names must differ.`, { field: 'checkpoint_ids' });
       names.add(c.name);
+    }
+    if (input.instance_type_id && !INSTANCE_TYPES.some((t) => t.id === input.instance_type_id)) {
+      throw invalid(`instance_type_id '${input.instance_type_id}' is not an instance type here: use one of ${INSTANCE_TYPES.map((t) => t.id).join(', ')} (GraphQL listed_instances), or omit it for ${DEFAULT_INSTANCE_TYPE_ID}.`, { field: 'instance_type_id' });
     }
     if (input.model_name !== undefined && input.model_name !== null && !/^[A-Za-z0-9._ -]{1,128}$/.test(input.model_name)) {
       throw invalid(`model_name '${input.model_name}' may only hold 1-128 letters, digits, spaces, '.', '_' and '-'.`, { field: 'model_name' });

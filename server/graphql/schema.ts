@@ -2,6 +2,7 @@ import { buildSchema, GraphQLError, type GraphQLSchema } from 'graphql';
 import { checkpointPath } from '../core/checkpoints.js';
 import type { LoopsCore } from '../core/core.js';
 import { LoopsError } from '../core/errors.js';
+import { INSTANCE_TYPES } from '../core/model-deployments.js';
 import type { Principal } from '../core/records.js';
 
 /**
@@ -68,14 +69,6 @@ const SDL = `
   type CreateModelVersionFromInferenceTemplateResponse { model_version: ModelVersion, truss_config: String! }
 `;
 
-/** The instance types the mock lists [M]: single-node H100 and A100 shapes, and a multi-node H100 one truss must skip. */
-export const INSTANCE_TYPES = [
-  { id: 'H100:1x', name: 'H100:1x', display_name: '1x H100', gpu_count: 1, default: true, gpu_memory: 81_920, node_count: 1, gpu_type: 'H100', millicpu_limit: 26_000, memory_limit: 240_000, price: 0.1083, limited_capacity: false },
-  { id: 'H100:2x', name: 'H100:2x', display_name: '2x H100', gpu_count: 2, default: false, gpu_memory: 81_920, node_count: 1, gpu_type: 'H100', millicpu_limit: 52_000, memory_limit: 480_000, price: 0.2166, limited_capacity: false },
-  { id: 'H100:8x', name: 'H100:8x', display_name: '8x H100', gpu_count: 8, default: false, gpu_memory: 81_920, node_count: 1, gpu_type: 'H100', millicpu_limit: 208_000, memory_limit: 1_920_000, price: 0.8664, limited_capacity: false },
-  { id: 'H100:8x2', name: 'H100:8x2', display_name: '2 nodes of 8x H100', gpu_count: 8, default: false, gpu_memory: 81_920, node_count: 2, gpu_type: 'H100', millicpu_limit: 208_000, memory_limit: 1_920_000, price: 1.7328, limited_capacity: true },
-  { id: 'A100:1x', name: 'A100:1x', display_name: '1x A100', gpu_count: 1, default: false, gpu_memory: 81_920, node_count: 1, gpu_type: 'A100', millicpu_limit: 12_000, memory_limit: 144_000, price: 0.0667, limited_capacity: false },
-];
 
 /** GraphQL error codes of the core's error kinds (truss reads `extensions.code` and `extensions.description`). */
 const CODES: Record<string, string> = { invalid_request: 'BAD_USER_INPUT', not_found: 'NOT_FOUND', forbidden: 'FORBIDDEN', unauthorized: 'UNAUTHENTICATED', conflict: 'CONFLICT' };

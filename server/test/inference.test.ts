@@ -156,6 +156,8 @@ describe('deploying a checkpoint to inference', () => {
     const other = api(server.url, 'other-org');
     expect((await other.call('POST', '/v1/loops/checkpoints/deploy', { checkpoint_ids: [sampler.id] })).status).toBe(404);
     expect((await c.call('POST', '/v1/loops/checkpoints/deploy', { checkpoint_ids: [] })).status).toBe(400);
+    const instance = await c.call('POST', '/v1/loops/checkpoints/deploy', { checkpoint_ids: [sampler.id], instance_type_id: 'TPU:1x' });
+    expect([instance.status, instance.body.error.field]).toEqual([400, 'instance_type_id']);
 
     const d = (await c.call('POST', '/v1/loops/checkpoints/deploy', { checkpoint_ids: [sampler.id] })).body;
     const base = `/model/${d.model_id}/deployment/${d.deployment_id}/sync/v1`;
