@@ -8,9 +8,9 @@ export function accountRoutes(app: TypedApp, ctx: ControlContext): void {
   const { core, views } = ctx;
 
   app.get('/v1/loops/capabilities', {
-    schema: { tags: ['account'], summary: 'The base models this server accepts, with their maximum context length', response: replies(CapabilitiesResponse) },
+    schema: { tags: ['account'], summary: 'The base models this server accepts: maximum context length, whether they take images, whether serverless trains them', response: replies(CapabilitiesResponse) },
   }, () => ({
-    supported_models: BASE_MODELS.map((m) => ({ model_name: m.name, max_context_length: m.maxContextLength, supports_vision_language: m.supportsVisionLanguage })),
+    supported_models: BASE_MODELS.map((m) => ({ model_name: m.name, max_context_length: m.maxContextLength, supports_vision_language: m.supportsVisionLanguage, serverless: m.serverless })),
   }));
 
   app.get('/v1/loops/user_config', {

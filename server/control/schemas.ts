@@ -186,6 +186,8 @@ export const CapabilitiesResponse = Type.Object({
     model_name: Type.String(),
     max_context_length: Type.Integer(),
     supports_vision_language: Type.Boolean(),
+    // Not in the published schema; the serverless page says each model in this answer has it.
+    serverless: Type.Boolean(),
   })),
 });
 

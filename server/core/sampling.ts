@@ -3,7 +3,7 @@ import type { CompletionsBody, SampleBody, SamplingParamsWire } from '../wire/sa
 import type { Clock } from './clock.js';
 import { invalid, LoopsError } from './errors.js';
 import type { Fleet } from './fleet.js';
-import { modelInputTokens, type ModelInputWire } from './model-input.js';
+import { imageRule, modelInputTokens, type ModelInputWire } from './model-input.js';
 import type { SamplerRecord } from './records.js';
 import type { SamplerReplicas, Served } from './replicas.js';
 import type { Settings } from './settings.js';
@@ -141,7 +141,7 @@ export class Sampling {
 
   /** A prompt's tokens, checked against the sampler's model and max_seq_length. */
   private promptTokens(s: SamplerRecord, prompt: ModelInputWire): number[] {
-    return modelInputTokens(prompt, 'prompt', { vocabulary: { size: this.engines.vocabSize(s.base_model), model: s.base_model }, ...this.fleet.lengthLimit(s.max_seq_length, "sampler's max_seq_length"), use: 'samples from' });
+    return modelInputTokens(prompt, 'prompt', { vocabulary: { size: this.engines.vocabSize(s.base_model), model: s.base_model }, ...this.fleet.lengthLimit(s.max_seq_length, "sampler's max_seq_length"), images: () => imageRule(this.engines, s.base_model) });
   }
 
   private draw(s: SamplerRecord, adapter: LoraAdapter, prompt: number[], n: number, params: SamplingParams): Promise<SampledSequence[]> {

@@ -8,7 +8,7 @@ import { MAX_LORA_RANK, type Fleet } from './fleet.js';
 import type { Checkpoints } from './checkpoints.js';
 import { assertSafeCheckpointName, parseCheckpointPath } from './checkpoints.js';
 import { invalid, LoopsError } from './errors.js';
-import { modelInputTokens } from './model-input.js';
+import { imageRule, modelInputTokens } from './model-input.js';
 import { OperationFailure, type Operation, type Operations } from './operations.js';
 import type { Principal, RunRecord } from './records.js';
 import type { SamplerWeights } from './sampler-weights.js';
@@ -179,7 +179,7 @@ export class Trainers {
       const length = this.fleet.lengthLimit(run.max_seq_len, "run's max_seq_len");
       const data = body.data.map((d, i): TrainingDatum => {
         const at = `data[${i}]`;
-        const tokens = modelInputTokens(d.model_input, `${at}.model_input`, { ...length, use: 'trains on' });
+        const tokens = modelInputTokens(d.model_input, `${at}.model_input`, { ...length, images: () => imageRule(this.engines, run.base_model) });
         const arrays: Record<string, number[]> = {};
         for (const [name, tensor] of Object.entries(d.loss_fn_inputs ?? {})) {
           const field = `${at}.loss_fn_inputs.${name}`;

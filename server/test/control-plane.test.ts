@@ -334,7 +334,7 @@ describe('account routes', () => {
     const res = await api.get('/v1/loops/capabilities');
     const models = res.body.supported_models;
     expect(models).toHaveLength(19);
-    expect(models.find((m: any) => m.model_name === 'Qwen/Qwen3-0.6B')).toEqual({ model_name: 'Qwen/Qwen3-0.6B', max_context_length: 8192, supports_vision_language: false });
+    expect(models.find((m: any) => m.model_name === 'Qwen/Qwen3-0.6B')).toEqual({ model_name: 'Qwen/Qwen3-0.6B', max_context_length: 8192, supports_vision_language: false, serverless: false });
   });
 
   it('patches user_config with JSON merge patch semantics', async () => {

@@ -265,7 +265,8 @@ describe('sampling routes', () => {
       [sampleBody({ sampling_params: { temperature: 'hot' } }), 'body.sampling_params.temperature'],
       [sampleBody({ sampling_params: { top_k: 0 } }), 'top_k'],
       [sampleBody({ num_samples: 0 }), 'body.num_samples'],
-      [sampleBody({ prompt: { chunks: [{ type: 'image', data: 'x' }] } }), 'prompt.chunks[0].type'],
+      [sampleBody({ prompt: { chunks: [{ type: 'image_asset_pointer', location: 'a.png', format: 'png' }] } }), 'prompt.chunks[0].type'],
+      [sampleBody({ prompt: { chunks: [{ type: 'image', data: 'x', format: 'png', expected_tokens: 4 }] } }), 'prompt.chunks[0].data'],
     ];
     for (const [body, field] of cases) {
       const res = await c.call('POST', `${sampler}/sample`, body);

@@ -301,7 +301,7 @@ describe('submit-time validation', () => {
       ['forward', ce([withInput('reward', { data: Array(n).fill(1), dtype: 'float32' })]), 'data[0].loss_fn_inputs.reward', /not an input of Loops losses/],
       ['forward', ce([withInput('target_tokens', { data: Array(n).fill(200000), dtype: 'int64' })]), 'data[0].loss_fn_inputs.target_tokens', /outside the vocabulary/],
       ['forward', { data: [good], loss_fn: 'importance_sampling' }, 'data[0].loss_fn_inputs', /data\[0\]: loss_fn 'importance_sampling' needs loss_fn_inputs.logprobs/],
-      ['forward', ce([{ model_input: { chunks: [{ type: 'image', data: 'xx' }] } }]), 'data[0].model_input.chunks[0].type', /loops-mock trains on text/],
+      ['forward', ce([{ model_input: { chunks: [{ type: 'image_asset_pointer', location: 'a.png', format: 'png' }] } }]), 'data[0].model_input.chunks[0].type', /loops-mock takes \{"type": "encoded_text"/],
       ['forward', ce([]), 'body.data', /at least 1/],
       ['optim_step', { adam_params: { learning_rate: -1 } }, 'adam_params.learning_rate', />= 0/],
       ['optim_step', { adam_params: { beta2: 1 } }, 'adam_params.beta2', /in \[0, 1\)/],

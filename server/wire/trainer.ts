@@ -9,11 +9,21 @@ export const TensorData = Type.Object({
   shape: Type.Optional(Type.Union([Type.Array(Type.Integer({ minimum: 0 })), Type.Null()])),
 }, { ...strict, title: 'TensorData' });
 
+/**
+ * One chunk: `encoded_text` (tokens) or `image` (data: base64 bytes, format: png | jpeg, expected_tokens, as the
+ * SDK's ImageChunk). One open shape rather than a union, so the core names the exact field a chunk gets wrong
+ * (server/core/model-input.ts checks each type's fields).
+ */
+export const ModelInputChunk = Type.Object({
+  type: Type.String(),
+  tokens: Type.Optional(Type.Array(Type.Integer())),
+  data: Type.Optional(Type.String()),
+  format: Type.Optional(Type.String()),
+  expected_tokens: Type.Optional(Type.Union([Type.Integer(), Type.Null()])),
+}, { additionalProperties: true, title: 'ModelInputChunk' });
+
 export const ModelInput = Type.Object({
-  chunks: Type.Array(Type.Object({
-    type: Type.String(),
-    tokens: Type.Optional(Type.Array(Type.Integer())),
-  }, { additionalProperties: true }), { minItems: 1 }),
+  chunks: Type.Array(ModelInputChunk, { minItems: 1 }),
 }, { ...strict, title: 'ModelInput' });
 
 export const Datum = Type.Object({
