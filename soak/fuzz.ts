@@ -302,7 +302,7 @@ export function judge(c: FuzzCase, o: Outcome): { figure: keyof FuzzFigures; rea
   if (o.kind === 'transport') return { figure: 'transport', reason: o.message };
   const { status, headers, text } = o.answer;
   if (status >= 500) return { figure: 'fiveXx', reason: `${status} ${text.slice(0, 300)}` };
-  const shape = errorShapeProblem(status, headers, text);
+  const shape = errorShapeProblem(status, headers, text, c.path);
   if (shape) return { figure: 'wrongShape', reason: `${status}: ${shape}: ${text.slice(0, 200)}` };
   if (c.expect4xx && status < 400) return { figure: 'invalidAccepted', reason: `${status} for a ${c.kind} case` };
   return null;

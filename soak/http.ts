@@ -35,13 +35,19 @@ export function soakClient(base: string, sockets: number) {
 /**
  * What is wrong with an error answer's shape, or null: every status from 400 on carries
  * `{"error": {"type": string, "message": string}}` as JSON and the X-Loops-Mock-Version header.
+ * A deployed checkpoint's inference door (`/model/...`) answers as Baseten's edge does for the model
+ * itself (unknown, starting, stopped, no key): `{"error": "<message>"}`; its own 4xx are OpenAI's shape.
+ * `/graphql/` answers GraphQL's `{"errors": [{"message"}]}`.
  */
-export function errorShapeProblem(status: number, headers: IncomingHttpHeaders, text: string): string | null {
+export function errorShapeProblem(status: number, headers: IncomingHttpHeaders, text: string, path = ''): string | null {
   if (status < 400) return null;
   if (!headers['x-loops-mock-version']) return 'no X-Loops-Mock-Version header';
   if (!String(headers['content-type'] ?? '').startsWith('application/json')) return `content-type ${headers['content-type'] ?? 'missing'}`;
   let body: any;
   try { body = JSON.parse(text); } catch { return 'body is not JSON'; }
+  if (path.startsWith('/model/') && typeof body?.error === 'string' && body.error.length > 0) return null;
+  // GraphQL answers a request that is not one with a 400 and GraphQL's own errors list.
+  if (path.startsWith('/graphql') && typeof body?.errors?.[0]?.message === 'string') return null;
   if (typeof body?.error?.type !== 'string' || typeof body?.error?.message !== 'string') return 'body is not {"error": {"type", "message"}}';
   return null;
 }

@@ -56,7 +56,8 @@ async function verify(server: ServerProcess, acked: Acknowledged[], lost: Set<st
     const listed = new Map<string, string>();
     for (const run of new Set(acked.map((a) => a.run))) {
       const res = await client.send('GET', `/v1/loops/checkpoints?run_id=${run}`);
-      for (const c of res.json.checkpoints ?? []) listed.set(`${run}/${c.checkpoint_id.split('/').pop()}`, c.id);
+      // checkpoint_id is the name given at save (the quickstart's listing); each save here has its own name.
+      for (const c of res.json.checkpoints ?? []) listed.set(`${run}/${c.checkpoint_id}`, c.id);
     }
     for (const a of acked) {
       const key = `${a.run}/${a.name}`;
@@ -136,7 +137,7 @@ export async function runKillRestart(root: string, dataDir: string, kills: numbe
         figures.acknowledged++;
         if (!duringSave && step === 0) timer = setTimeout(kill, killAfterMs);
         const listed = (await client.send('GET', `/v1/loops/checkpoints?run_id=${run.id}`)).json.checkpoints;
-        const c = listed.find((x: any) => x.checkpoint_id.endsWith(`/${name}`));
+        const c = listed.find((x: any) => x.checkpoint_id === name);
         if (!c) throw new Error(`${name} reported done but not listed`);
         a.files = await filesOf(server.base, client, c.id);
       }

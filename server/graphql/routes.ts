@@ -6,6 +6,9 @@ import type { LoopsCore } from '../core/core.js';
 import { requirePrincipal } from '../http/auth.js';
 import { graphqlSchema, rootValue } from './schema.js';
 
+/** The fields a GraphQL request over HTTP may carry. */
+const REQUEST_FIELDS = new Set(['query', 'variables', 'operationName', 'extensions']);
+
 /** `{"errors": [...]}` with a 200, as GraphQL servers answer what they could not run (truss raises on `errors[0]`). */
 const failed = (message: string, code: string) => ({ errors: [{ message, extensions: { code, description: message } }] });
 
@@ -20,11 +23,16 @@ export function graphqlRoutes(appIn: FastifyInstance, core: LoopsCore): void {
   const root = rootValue(core);
   // truss posts to `/graphql/`; the bare form is the same route (hidden from /openapi.json, where it would repeat it).
   for (const url of ['/graphql/', '/graphql']) {
-    app.post(url, { schema: { tags: ['graphql'], summary: "Baseten's GraphQL API as truss calls it (listed_instances, create_model_version_from_inference_template, organization, user, range_model_metrics)", body: Type.Unknown(), ...(url === '/graphql' ? { hide: true } : {}) } as object }, async (req) => {
+    app.post(url, { schema: { tags: ['graphql'], summary: "Baseten's GraphQL API as truss calls it (listed_instances, create_model_version_from_inference_template, organization, user, range_model_metrics)", body: Type.Unknown(), ...(url === '/graphql' ? { hide: true } : {}) } as object }, async (req, reply) => {
       const principal = requirePrincipal(core, req);
       const body = req.body as { query?: unknown; variables?: unknown; operationName?: unknown } | null;
-      if (typeof body !== 'object' || body === null || typeof body.query !== 'string') return failed('Send a JSON body {"query": "...", "variables": {...}}: query must be a string.', 'BAD_REQUEST');
-      if (body.variables !== undefined && body.variables !== null && (typeof body.variables !== 'object' || Array.isArray(body.variables))) return failed('variables must be an object.', 'BAD_REQUEST');
+      // A request that is not a GraphQL request at all is a 400 (as Django's GraphQL view answers it); a query
+      // that does not parse, validate or run is a 200 with errors, as GraphQL servers answer them.
+      const refuse = (message: string) => reply.code(400).send(failed(message, 'BAD_REQUEST'));
+      if (typeof body !== 'object' || body === null || Array.isArray(body) || typeof body.query !== 'string') return refuse('Send a JSON body {"query": "...", "variables": {...}}: query must be a string.');
+      const unknown = Object.keys(body).filter((k) => !REQUEST_FIELDS.has(k));
+      if (unknown.length) return refuse(`${unknown[0]} is not a field of a GraphQL request; send only ${[...REQUEST_FIELDS].join(', ')}.`);
+      if (body.variables !== undefined && body.variables !== null && (typeof body.variables !== 'object' || Array.isArray(body.variables))) return refuse('variables must be an object.');
       let document: DocumentNode;
       try {
         document = parse(body.query);

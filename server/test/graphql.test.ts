@@ -100,6 +100,11 @@ describe('GraphQL as truss sends it', () => {
     expect(unknown.body.errors[0]).toMatchObject({ extensions: { code: 'GRAPHQL_VALIDATION_FAILED' } });
     expect(unknown.body.errors[0].message).toMatch(/training_jobs/);
     const noQuery = await server.app.inject({ method: 'POST', url: '/graphql', headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' }, payload: '{"variables": {}}' });
+    // Not a GraphQL request at all: a 400 with GraphQL's errors list, naming what is wrong.
+    expect(noQuery.statusCode).toBe(400);
     expect(noQuery.json().errors[0].message).toMatch(/query must be a string/);
+    const extra = await server.app.inject({ method: 'POST', url: '/graphql/', headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' }, payload: '{"query": "query { user { email } }", "zz_unknown": 1}' });
+    expect([extra.statusCode, extra.json().errors[0].extensions.code]).toEqual([400, 'BAD_REQUEST']);
+    expect(extra.json().errors[0].message).toMatch(/zz_unknown is not a field of a GraphQL request/);
   });
 });

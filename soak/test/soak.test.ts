@@ -39,6 +39,11 @@ describe('its checks', () => {
     expect(judge({ ...c, expect4xx: false }, answer(200, '{}'))).toBeNull();
     expect(judge(c, answer(400, ok))).toBeNull();
     expect(errorShapeProblem(408, { 'x-loops-mock-version': '0', 'content-type': 'application/json' }, ok)).toBeNull();
+    // Baseten's edge shape, a string error, only on a deployed checkpoint's inference door.
+    const edge = '{"error":"Model abcd1234 not found."}';
+    expect(judge({ ...c, path: '/model/abcd1234/deployment/x/sync/v1/models' }, answer(404, edge))).toBeNull();
+    expect(judge(c, answer(404, edge))?.figure).toBe('wrongShape');
+    expect(judge({ ...c, path: '/model/abcd1234/deployment/x/sync/v1/models' }, answer(404, '{"error":""}'))?.figure).toBe('wrongShape');
   });
 
   it('read every answer of a pipelined exchange, sized or chunked', () => {
