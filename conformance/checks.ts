@@ -128,6 +128,18 @@ function ratioData(j: JournalEntry[]) {
   return out;
 }
 
+const DEPLOY_ROUTE = '/v1/loops/checkpoints/deploy';
+const MODEL_DEPLOYMENT = '/v1/models/{model_id}/deployments/{deployment_id}';
+/** A call to a deployed checkpoint's OpenAI-compatible door (chat or plain completions). */
+const isInference = (e: JournalEntry) => e.method === 'POST' && e.route !== null && e.route.startsWith('/model/{model_id}/') && /\/(chat\/)?completions$/.test(e.route);
+const deploymentOf = (e: JournalEntry) => { const m = /^\/(?:v1\/)?models?\/([^/]+)\/deployments?\/([^/]+)/.exec(e.path); return m ? `${m[1]}/${m[2]}` : undefined; };
+
+/** Deployments the client made: `model_id/deployment_id` and the answer that made it. */
+function deployments(j: JournalEntry[]) {
+  return j.filter((e) => e.route === DEPLOY_ROUTE && e.method === 'POST' && e.status === 200)
+    .map((e) => { const b = (e.response_body ?? {}) as Body; return { key: `${b.model_id}/${b.deployment_id}`, entry: e }; });
+}
+
 export const CHECKS: Check[] = [
   {
     id: 'EXIT-1', level: 'MUST', rule: 'the client exits on its own within the timeout and writes its JSON result',
@@ -332,6 +344,46 @@ export const CHECKS: Check[] = [
         else if (at(next) - endOf(x) < wait * 0.9) bad.push(x, next, `  retried after ${Math.round(at(next) - endOf(x))} ms, Retry-After asked ${wait} ms`);
       }
       return bad.length ? fail('429s not honoured', bad) : pass();
+    },
+  },
+  {
+    id: 'DEPLOY-1', level: 'MUST', rule: 'only sampler checkpoints are deployed (a trainer checkpoint of the same name is told apart by target)',
+    evaluate: (e) => {
+      const sent = e.journal.filter((x) => x.route === DEPLOY_ROUTE && x.method === 'POST');
+      if (!sent.length) return skip('no checkpoint was deployed');
+      const targets = new Map<string, string>();
+      for (const x of e.journal) if (x.route === '/v1/loops/checkpoints' && x.status === 200) for (const c of ((x.response_body as Body | undefined)?.checkpoints ?? []) as Body[]) targets.set(c.id, c.target);
+      const bad: (JournalEntry | string)[] = [];
+      for (const x of sent) {
+        const trainerIds = ((bodyOf(x).checkpoint_ids ?? []) as string[]).filter((id) => targets.get(id) === 'trainer');
+        if (trainerIds.length) bad.push(x, `  deploys trainer checkpoint(s) ${trainerIds.join(', ')}`);
+      }
+      return bad.length ? fail('a trainer checkpoint was sent to deploy', bad) : pass();
+    },
+  },
+  {
+    id: 'DEPLOY-2', level: 'MUST', rule: "a deployed checkpoint is called once it is ACTIVE: the client polls the deployment's status first, or retries the 503 of one still loading",
+    evaluate: (e) => {
+      const calls = e.journal.filter(isInference);
+      if (!calls.length) return skip('no deployed checkpoint was called');
+      const bad: (JournalEntry | string)[] = [];
+      for (const key of new Set(calls.map(deploymentOf))) {
+        const mine = calls.filter((x) => deploymentOf(x) === key);
+        const first = mine[0]!;
+        const sawActive = e.journal.some((x) => x.seq < first.seq && x.route === MODEL_DEPLOYMENT && x.method === 'GET' && deploymentOf(x) === key && (x.response_body as Body | undefined)?.status === 'ACTIVE');
+        const answered = mine.find((x) => x.status !== 503);
+        if (!sawActive && (!answered || answered.status !== 200)) bad.push(first, `  deployment ${key} was called before it was ACTIVE, and no call to it succeeded`);
+      }
+      return bad.length ? fail('a deployment was called before it was ready', bad) : pass();
+    },
+  },
+  {
+    id: 'DEPLOY-3', level: 'SHOULD', rule: 'every deployment the client made is deactivated before it exits',
+    evaluate: (e) => {
+      const made = deployments(e.journal);
+      if (!made.length) return skip('no checkpoint was deployed');
+      const left = made.filter((d) => !e.journal.some((x) => x.seq > d.entry.seq && x.method === 'POST' && x.route === `${MODEL_DEPLOYMENT}/deactivate` && x.status === 200 && deploymentOf(x) === d.key));
+      return left.length ? fail(`${left.length} deployment(s) left running`, left.map((d) => `  ${d.key}`)) : pass();
     },
   },
   {

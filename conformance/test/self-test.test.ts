@@ -22,7 +22,7 @@ describe('the reference Python driver', () => {
   const cases = listCases();
 
   it('covers every shipped scenario and every task', () => {
-    expect(new Set(cases.map((c) => c.task))).toEqual(new Set(['sft-round', 'rl-step', 'rl-guide-step', 'resume', 'cleanup']));
+    expect(new Set(cases.map((c) => c.task))).toEqual(new Set(['sft-round', 'rl-step', 'rl-guide-step', 'deploy-chat', 'resume', 'cleanup']));
     expect(cases.length).toBeGreaterThanOrEqual(14);
   });
 
@@ -40,8 +40,14 @@ describe('the reference Python driver', () => {
       'sampling-backpressure': ['RATE-1'],
       'shutdown-mid-run': ['SHUT-1'],
       'flaky-network': ['SHUT-1'],
+      'slow-model-deploy': ['DEPLOY-1', 'DEPLOY-2', 'DEPLOY-3'],
     };
     for (const id of exercised[spec.scenario] ?? []) expect(verdict(id), `${id} in ${spec.scenario}`).toBe('PASS');
+    // The deployed checkpoint answered the chat, with true token counts.
+    if (spec.task === 'deploy-chat') {
+      expect(typeof report.output!.answer).toBe('string');
+      expect((report.output!.usage as { completion_tokens: number }).completion_tokens).toBeGreaterThan(0);
+    }
     // The RL guide's datums, built from the sampler's own answers: the trainer sees no divergence from the sampler.
     if (spec.task === 'rl-guide-step') {
       expect(verdict('RATIO-1')).toBe('PASS');
@@ -76,6 +82,8 @@ const BROKEN: [string, CaseSpec, string[], number?][] = [
   ['no-idempotency-key', { scenario: 'baseline', task: 'sft-round', expect: 'ok' }, ['IDEM-1']],
   ['ignore-floor', { scenario: 'lagging-replica', task: 'rl-step', expect: 'ok' }, ['FLOOR-1', 'FLOOR-3']],
   ['shifted-logprobs', { scenario: 'baseline', task: 'rl-guide-step', expect: 'ok' }, ['RATIO-1']],
+  ['deploy-by-name-only', { scenario: 'baseline', task: 'deploy-chat', expect: 'ok' }, ['DEPLOY-1', 'DONE-1']],
+  ['chat-before-active', { scenario: 'slow-model-deploy', task: 'deploy-chat', expect: 'ok' }, ['DEPLOY-2', 'DONE-1', 'SHUT-1']],
   ['skip-cleanup-on-failure', { scenario: 'baseline', task: 'cleanup', expect: 'error' }, ['CLEAN-1']],
   ['poll-forever-on-user-error', { scenario: 'user-error', task: 'sft-round', expect: 'error' }, ['CLEAN-1', 'ERR-1', 'EXIT-1'], 8],
 ];
@@ -106,7 +114,7 @@ describe('reports', () => {
     const dir = mkdtempSync(join(tmpdir(), 'conformance-report-'));
     const written = writeReports(dir, [must]);
     const junit = readFileSync(written.junit, 'utf8');
-    expect(junit).toContain('<testsuite name="baseline/sft-round" tests="17" failures="1" skipped="1"');
+    expect(junit).toContain('<testsuite name="baseline/sft-round" tests="20" failures="1" skipped="1"');
     expect(junit).toContain('<failure type="MUST" message="because &lt;reasons&gt; &amp; more">#3 GET /x -&gt; 404</failure>');
     expect(JSON.parse(readFileSync(written.json, 'utf8'))).toEqual(JSON.parse(JSON.stringify(jsonReport([must]))));
   });

@@ -27,6 +27,8 @@ BROKEN_VARIANTS = {
     "skip-cleanup-on-failure": "leaves its runs active when the task fails",
     "poll-forever-on-user-error": "resubmits an operation that failed with a user error, without end",
     "shifted-logprobs": "puts each sampler logprob of the RL guide's datum one position early (next-token alignment)",
+    "deploy-by-name-only": "matches the checkpoint by name alone and deploys the trainer checkpoint of that name",
+    "chat-before-active": "calls the deployed model at once, without waiting for ACTIVE, and gives up on its 503",
 }
 
 
@@ -123,6 +125,36 @@ def guide_datum(prompt, completion, logprobs, advantage):
     }
 
 
+def deploy_chat(svc, inp, out):
+    """Every guide's last step: train, save for the sampler, deploy that checkpoint by name, wait for ACTIVE, chat with it, tear it down."""
+    with task_session(svc, out) as session:
+        trainer = svc.create_training_client(session, inp["model"], inp["rank"], seed=inp["seed"], name="conformance-deploy")
+        for _ in range(inp["steps"]):
+            trainer.forward_backward(inp["train"])
+            trainer.optim_step(inp["learning_rate"])
+            out["optim_steps"] = out.get("optim_steps", 0) + 1
+        # A trainer and a sampler checkpoint of the same name: only the sampler one is deployable.
+        trainer.save_state(inp["name"])
+        trainer.save_weights_for_sampler(inp["name"])
+        named = [c for c in svc.list_checkpoints(trainer.run_id) if c["checkpoint_id"] == inp["name"]]
+        if "deploy-by-name-only" in loops_client.BROKEN:
+            # Matching on the name alone lands on either; the broken variant takes the trainer one, deterministically.
+            chosen = next(c for c in named if c["target"] == "trainer")
+        else:
+            chosen = next(c for c in named if c["target"] == "sampler")
+        deployed = svc.deploy_checkpoints([chosen["id"]], inp["model_name"])
+        mid, did = deployed["model_id"], deployed["deployment_id"]
+        out["deployment"] = {"model_id": mid, "deployment_id": did}
+        try:
+            if "chat-before-active" not in loops_client.BROKEN:
+                svc.wait_model_active(mid, did)
+            reply = svc.chat(mid, did, inp["name"], inp["messages"], max_tokens=inp["max_tokens"], temperature=0)
+            out["answer"] = reply["choices"][0]["message"]["content"]
+            out["usage"] = reply.get("usage")
+        finally:
+            svc.deactivate_model(mid, did)
+
+
 def reward(tokens):
     """A toy reward with spread inside a group: the share of even token ids in the completion."""
     return sum(1.0 for t in tokens if t % 2 == 0) / max(len(tokens), 1)
@@ -183,7 +215,7 @@ def task_session(svc, out):
             svc.cleanup(session)
 
 
-TASKS = {"sft-round": sft_round, "rl-step": rl_step, "rl-guide-step": rl_guide_step, "resume": resume, "cleanup": cleanup_task}
+TASKS = {"sft-round": sft_round, "rl-step": rl_step, "rl-guide-step": rl_guide_step, "deploy-chat": deploy_chat, "resume": resume, "cleanup": cleanup_task}
 
 
 def main(argv):

@@ -151,6 +151,56 @@ class ServiceClient:
     def deactivate_run(self, run_id):
         return self._control("POST", f"/runs/{run_id}/deactivate")
 
+    def list_checkpoints(self, run_id):
+        return self._control("GET", f"/checkpoints?run_id={run_id}")["checkpoints"]
+
+    def deploy_checkpoints(self, checkpoint_ids, model_name):
+        """POST /checkpoints/deploy: sampler-target checkpoints, by their global id; answers model_id and deployment_id."""
+        return self._control("POST", "/checkpoints/deploy", {"checkpoint_ids": checkpoint_ids, "model_name": model_name})
+
+    def _model_deployment(self, model_id, deployment_id, suffix="", method="GET"):
+        url = f"{self.management_url}/v1/models/{model_id}/deployments/{deployment_id}{suffix}"
+        status, _, out = self.http.call_retrying(method, url, what=f"{method} /v1/models/{model_id}/deployments/{deployment_id}{suffix}")
+        if status != 200:
+            raise LoopsError(status, out, f"{method} model deployment {deployment_id}{suffix}")
+        return out
+
+    def wait_model_active(self, model_id, deployment_id, timeout=120.0):
+        """Polls the model deployment's top-level status until ACTIVE (BUILDING, DEPLOYING, LOADING_MODEL before it)."""
+        deadline = time.monotonic() + timeout
+        delay = 0.1
+        while True:
+            status = self._model_deployment(model_id, deployment_id).get("status")
+            if status == "ACTIVE":
+                return
+            if status not in ("BUILDING", "DEPLOYING", "LOADING_MODEL", "UPDATING", "WAKING_UP"):
+                raise RuntimeError(f"deployment {deployment_id} is {status}, not coming up")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"deployment {deployment_id} not ACTIVE within {timeout} s (last: {status})")
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def deactivate_model(self, model_id, deployment_id):
+        return self._model_deployment(model_id, deployment_id, "/deactivate", "POST")
+
+    def inference_url(self, model_id, deployment_id):
+        """Where a deployed model answers: Baseten's own host, or the base URL's server when one is given."""
+        if self.base_url.rstrip("/") == "https://api.baseten.co":
+            return f"https://model-{model_id}.api.baseten.co/deployment/{deployment_id}/sync/v1"
+        return f"{self.base_url}/model/{model_id}/deployment/{deployment_id}/sync/v1"
+
+    def chat(self, model_id, deployment_id, model, messages, **params):
+        """OpenAI-compatible chat completions on the deployed model; a 503 (still loading) is retried after Retry-After."""
+        url = f"{self.inference_url(model_id, deployment_id)}/chat/completions"
+        body = {"model": model, "messages": messages, **params}
+        if "chat-before-active" in BROKEN:
+            status, _, out = self.http.call("POST", url, body)
+        else:
+            status, _, out = self.http.call_retrying("POST", url, body, what="chat/completions")
+        if status != 200:
+            raise LoopsError(status, out if isinstance(out, dict) else {}, "chat/completions")
+        return out
+
     def cleanup(self, session_id):
         """Deactivates every run of the session that is still active (campaign.py's cleanup)."""
         for run in self.list_runs():
