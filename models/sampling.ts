@@ -30,11 +30,29 @@ export interface TextCodec {
   eosTokenIds: number[];
 }
 
+export interface DrawnToken {
+  /** Which of the n sequences. */
+  index: number;
+  token: number;
+  logprob: number;
+  /** Set on a sequence's last token: why it ends there. */
+  finish_reason: 'stop' | 'length' | null;
+}
+
+/** What a caller streaming the tokens gives: told each token once it is drawn; an abort ends the sampling. */
+export interface SamplingHooks {
+  /** Called in draw order, before the next decode step starts; a returned promise holds that step until it settles. */
+  onToken?: (drawn: DrawnToken) => void | Promise<void>;
+  /** Aborted: no further decode step is started and sampleSequences rejects with the signal's reason. */
+  signal?: AbortSignal;
+}
+
 /**
  * Samples `n` continuations of one prompt as one batch: the prompt is
  * prefilled once, its KV cache repeated n times, then all n decode together.
+ * With `hooks`, each token is told as soon as it is drawn (streaming), and an abort stops the work.
  */
-export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter, prompt: number[], n: number, params: SamplingParams, codec: TextCodec): Promise<SampledSequence[]> {
+export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter, prompt: number[], n: number, params: SamplingParams, codec: TextCodec, hooks: SamplingHooks = {}): Promise<SampledSequence[]> {
   const rng = new Prng(params.seed ?? `${Date.now()}-${Math.random()}`);
   const seqs: SampledSequence[] = Array.from({ length: n }, () => ({ tokens: [], logprobs: [], stop_reason: 'length' }));
   if (params.max_tokens <= 0 || n <= 0) return seqs;
@@ -58,6 +76,7 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
     return { u, retry: nucleus ? rng.next() : undefined };
   };
   const draws = seqs.map(nextUniforms);
+  hooks.signal?.throwIfAborted();
   const first = await engine.startSequence(prompt, adapter, invT, draws.map((d) => d.u), cut, nucleus ? draws.map((d) => d.retry!) : null);
   // Every sample starts from the prompt's cache; unfinished rows then step together, batched with other requests'.
   const close = engine.openStream();
@@ -70,13 +89,19 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
       const seq = seqs[i]!;
       seq.tokens.push(token);
       seq.logprobs.push(logprob);
-      if (stopIds.has(token) || (stopStrings.length && stopStrings.some((s) => codec.decode(seq.tokens).includes(s)))) {
+      const stopped = stopIds.has(token) || (stopStrings.length > 0 && stopStrings.some((s) => codec.decode(seq.tokens).includes(s)));
+      if (stopped) {
         seq.stop_reason = 'stop';
       } else {
         next.push({ i, token, cache: out.cache });
       }
+      if (hooks.onToken) {
+        const told = hooks.onToken({ index: i, token, logprob, finish_reason: stopped ? 'stop' : step === params.max_tokens - 1 ? 'length' : null });
+        if (told) await told;
+      }
     }
     if (step === params.max_tokens - 1 || !next.length) break;
+    hooks.signal?.throwIfAborted();
     const stepped = await engine.decodeRows(next.map((r) => {
       const { u, retry } = nextUniforms();
       return { token: r.token, cache: r.cache, draw: u, retry };
@@ -87,6 +112,72 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
     close();
   }
   return seqs;
+}
+
+/**
+ * One sequence's text as its tokens arrive, for streaming it: each token gives the text that can no longer
+ * change. Held back: a tail that could still be the start of a stop string (it may yet become one, and a
+ * stop string is never sent), and an incomplete UTF-8 character (decoded as U+FFFD until its last byte).
+ * End-of-sequence tokens add no text. The text released in all equals the whole answer's: the decoded
+ * tokens cut before the first stop string.
+ */
+export class StreamedText {
+  private readonly tokens: number[] = [];
+  private sent = '';
+  private stopped = false;
+
+  constructor(private readonly decode: (ids: number[]) => string, private readonly stopStrings: string[], private readonly eos: ReadonlySet<number>) {}
+
+  /** Adds a drawn token; returns the text it releases (often '', while held back). `last`: the sequence ends here, release the rest. */
+  push(token: number, last: boolean): string {
+    if (this.stopped) return '';
+    if (!this.eos.has(token)) this.tokens.push(token);
+    const text = this.decode(this.tokens);
+    const cut = cutAtStop(text, this.stopStrings);
+    if (cut !== null || last) {
+      this.stopped = true;
+      return this.release(cut ?? text);
+    }
+    return this.release(text.slice(0, text.length - this.heldBack(text)));
+  }
+
+  /** Everything released so far. */
+  get text(): string {
+    return this.sent;
+  }
+
+  private release(upTo: string): string {
+    // A decoder that rewrites earlier text (rare) cannot take back what was sent: wait until it agrees again.
+    if (!upTo.startsWith(this.sent)) return '';
+    const delta = upTo.slice(this.sent.length);
+    this.sent = upTo;
+    return delta;
+  }
+
+  /** How many characters at the end of `text` may still change or start a stop string. */
+  private heldBack(text: string): number {
+    let held = 0;
+    while (held < text.length && text[text.length - 1 - held] === '\uFFFD') held++;
+    for (const s of this.stopStrings) {
+      for (let k = Math.min(s.length - 1, text.length); k > held; k--) {
+        if (text.endsWith(s.slice(0, k))) {
+          held = k;
+          break;
+        }
+      }
+    }
+    return held;
+  }
+}
+
+/** `text` before the first stop string in it, or null when none is in it. */
+export function cutAtStop(text: string, stopStrings: string[]): string | null {
+  let at = -1;
+  for (const s of stopStrings) {
+    const i = text.indexOf(s);
+    if (i >= 0 && (at < 0 || i < at)) at = i;
+  }
+  return at < 0 ? null : text.slice(0, at);
 }
 
 /**
