@@ -105,6 +105,16 @@ export function adminRoutes(appIn: FastifyInstance, core: LoopsCore, options: Ad
     return { operation_id: op.id, status: op.status };
   });
 
+  app.get('/_mock/deployments', {
+    schema: { tags, summary: 'Checkpoints deployed to inference that a progress rule (match.op deploy_checkpoint) holds in LOADING_MODEL now', response: { 200: Type.Object({ held: Type.Array(Type.Object({ model_id: Type.String(), deployment_id: Type.String(), status: Type.String(), rule: Type.String(), mode: Type.String(), polls_seen: Type.Integer() })) }) } },
+  }, () => ({ held: core.modelDeployments.held() }));
+  app.post('/_mock/deployments/:deployment_id/release', {
+    schema: { tags, summary: 'Releases a held deployment: it is ACTIVE once its cold start is over', params: Type.Object({ deployment_id: Type.String() }), response: { 200: Type.Object({ model_id: Type.String(), deployment_id: Type.String(), status: Type.String() }) } },
+  }, (req) => {
+    const r = core.modelDeployments.release(req.params.deployment_id);
+    return { model_id: r.model_id, deployment_id: r.deployment_id, status: core.modelDeployments.status(r) };
+  });
+
   // ---- samplers ----------------------------------------------------------
 
   const samplerOf = (id: string) => {

@@ -42,7 +42,10 @@ export function samplerRoutes(app: TypedApp, ctx: ControlContext, modelViews: Mo
   }, (req) => {
     // A checkpoint deployed to inference is a model deployment of its own; every other one is a sampler.
     const deployed = core.modelDeployments.findOwned(req.principal, req.params.model_id, req.params.deployment_id);
-    if (deployed) return modelViews.deployment(deployed);
+    if (deployed) {
+      core.modelDeployments.polled(deployed);
+      return modelViews.deployment(deployed);
+    }
     return views.modelDeployment(core.fleet.getModelDeployment(req.principal, req.params.model_id, req.params.deployment_id));
   });
 

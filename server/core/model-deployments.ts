@@ -2,9 +2,10 @@ import { readAdapter, type EnginePool, type LoraAdapter } from '../../models/ind
 import type { Checkpoints } from './checkpoints.js';
 import type { Clock } from './clock.js';
 import type { DeploymentLogs } from './deployment-logs.js';
-import { invalid, LoopsError, notFound } from './errors.js';
+import { conflict, invalid, LoopsError, notFound } from './errors.js';
 import { newModelId, newResourceId } from './ids.js';
 import type { CheckpointRecord, ModelDeploymentRecord, Principal, SamplerStatus } from './records.js';
+import type { Hold, Progress } from './progress.js';
 import type { Settings } from './settings.js';
 import type { Store } from './store.js';
 
@@ -27,6 +28,9 @@ export const INSTANCE_TYPES = [
 /** The instance type a deploy gets when it names none (truss asks listed_instances for an H100 one). */
 export const DEFAULT_INSTANCE_TYPE_ID = 'H100:1x';
 
+/** The op name a progress rule gives in `match.op` to hold a deployment's start (its `run_id` matches the deployment id). */
+export const DEPLOY_OP = 'deploy_checkpoint';
+
 /** The phases of a cold start, a third of it each, in the order Baseten reports them. */
 const STARTING: SamplerStatus[] = ['BUILDING', 'DEPLOYING', 'LOADING_MODEL'];
 
@@ -41,6 +45,8 @@ export class ModelDeployments {
   private readonly records = new Map<string, ModelDeploymentRecord>();
   /** Adapters read from checkpoint files, once per deployment and name. */
   private readonly adapters = new Map<string, LoraAdapter>();
+  /** Deployments a progress rule holds in LOADING_MODEL past their cold start, until released. */
+  private readonly holds = new Map<string, Hold>();
 
   constructor(
     private readonly store: Store,
@@ -49,6 +55,7 @@ export class ModelDeployments {
     private readonly engines: EnginePool,
     private readonly logs: DeploymentLogs,
     private readonly settings: Pick<Settings, 'modelColdStartMs'>,
+    private readonly progress: Progress,
   ) {
     for (const r of store.load<ModelDeploymentRecord>('model_deployment')) this.records.set(r.deployment_id, r);
   }
@@ -73,6 +80,11 @@ export class ModelDeployments {
     };
     this.put(record);
     this.logs.add(record.deployment_id, 'INFO', `Deploying ${found.map((c) => c.name).join(', ')} on ${base} (model ${record.model_id}, deployment ${record.deployment_id})`, 'inference');
+    const hold = this.progress.holdFor(record.deployment_id, DEPLOY_OP, true);
+    if (hold) {
+      this.holds.set(record.deployment_id, hold);
+      this.logs.add(record.deployment_id, 'INFO', `Held in LOADING_MODEL by progress rule ${hold.rule} (${hold.mode})`, 'inference');
+    }
     return record;
   }
 
@@ -108,12 +120,43 @@ export class ModelDeployments {
   status(r: ModelDeploymentRecord): SamplerStatus {
     if (r.deactivated_at !== null) return 'INACTIVE';
     const elapsed = this.clock.now() - r.created_at;
-    if (elapsed >= r.cold_start_ms) return 'ACTIVE';
+    if (elapsed >= r.cold_start_ms) return this.holds.get(r.deployment_id)?.isReleased === false ? 'LOADING_MODEL' : 'ACTIVE';
     return STARTING[Math.min(2, Math.floor((elapsed / r.cold_start_ms) * 3))]!;
+  }
+
+  /** A client read the deployment's status: the poll a progress rule in after_polls mode counts. */
+  polled(r: ModelDeploymentRecord): void {
+    const hold = this.holds.get(r.deployment_id);
+    if (!hold || hold.isReleased) return;
+    hold.pollsSeen++;
+    if (hold.mode === 'after_polls' && hold.pollsSeen >= hold.polls) hold.release();
+  }
+
+  /** Lets a held deployment finish starting (the admin API); 409 when no rule holds it. */
+  release(deploymentId: string): ModelDeploymentRecord {
+    const r = this.records.get(deploymentId);
+    if (!r || r.deleted) throw notFound(`No deployed model with deployment '${deploymentId}' on this server.`, { field: 'deployment_id' });
+    const hold = this.holds.get(deploymentId);
+    if (!hold || hold.isReleased) throw conflict(`Deployment ${deploymentId} is not held by a progress rule (its status is ${this.status(r)}).`, { field: 'deployment_id' });
+    hold.release();
+    return r;
+  }
+
+  /** Deployments a progress rule holds now. */
+  held(): { model_id: string; deployment_id: string; status: SamplerStatus; rule: string; mode: string; polls_seen: number }[] {
+    return [...this.holds.entries()].filter(([, h]) => !h.isReleased).flatMap(([id, h]) => {
+      const r = this.records.get(id);
+      return r && !r.deleted ? [{ model_id: r.model_id, deployment_id: id, status: this.status(r), rule: h.rule, mode: h.mode, polls_seen: h.pollsSeen }] : [];
+    });
   }
 
   list(p: Principal): ModelDeploymentRecord[] {
     return [...this.records.values()].filter((r) => r.org_id === p.org_id && !r.deleted);
+  }
+
+  /** Every deployment not deleted, of every organisation, newest first: the dashboard's list. */
+  everything(): ModelDeploymentRecord[] {
+    return [...this.records.values()].filter((r) => !r.deleted).sort((a, b) => b.created_at - a.created_at);
   }
 
   /** A model of the caller's organisation, by model id, or undefined (the sampler models answer then). */

@@ -68,10 +68,14 @@ export class Progress {
     return n;
   }
 
-  /** The hold for a new operation, from the first rule that matches it; none means it completes as soon as computed. */
-  holdFor(runId: string, op: string): Hold | undefined {
+  /**
+   * The hold for a new operation, from the first rule that matches it; none means it completes as soon as computed.
+   * `namedOnly`: only rules that name `op` match (a deployment's start is held by rules that ask for it, never by
+   * a rule meant for every operation).
+   */
+  holdFor(runId: string, op: string, namedOnly = false): Hold | undefined {
     const rule = this.rules.find((r) => r.remaining !== 0 && (r.match?.run_id === undefined || r.match.run_id === runId)
-      && (r.match?.op === undefined || (Array.isArray(r.match.op) ? r.match.op : [r.match.op]).includes(op)));
+      && (r.match?.op === undefined ? !namedOnly : (Array.isArray(r.match.op) ? r.match.op : [r.match.op]).includes(op)));
     if (!rule) return undefined;
     rule.applied++;
     if (rule.remaining !== null) rule.remaining--;
