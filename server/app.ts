@@ -66,7 +66,7 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
   await app.register(async (hub) => hubRoutes(hub, core));
   if (options.admin) await app.register(async (admin) => adminRoutes(admin, core, { token: options.adminToken }));
   // The live dashboard: read-only unless --admin; with --api-key, the admin token's.
-  await app.register(async (dashboard) => dashboardRoutes(dashboard, core, { admin: options.admin, adminToken: options.adminToken, views: ctx.views }));
+  await app.register(async (dashboard) => dashboardRoutes(dashboard, core, { admin: options.admin, adminToken: options.adminToken, views: ctx.views, models: modelViews }));
 
   // For CI services and scripts that wait for the server: no key, nothing but liveness (503 once shutting down).
   app.get('/healthz', {

@@ -4,6 +4,7 @@ import { fileURLToPath } from 'node:url';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import Type from 'typebox';
+import type { ModelViews } from '../control/models.js';
 import type { Views } from '../control/views.js';
 import { ADMIN_COOKIE, hasAdminToken, sameToken } from '../http/auth.js';
 import { checkpointPath } from '../core/checkpoints.js';
@@ -11,7 +12,7 @@ import { ManualClock } from '../core/clock.js';
 import type { LoopsCore } from '../core/core.js';
 import { LoopsError, notFound } from '../core/errors.js';
 import type { JournalEntry, Surface } from '../core/journal.js';
-import type { Principal, RunRecord, SamplerRecord } from '../core/records.js';
+import type { ModelDeploymentRecord, Principal, RunRecord, SamplerRecord } from '../core/records.js';
 import { VERSION } from '../version.js';
 import { JournalFilter, JournalPage, Overview, RunDetail, SamplerTimeline } from './schemas.js';
 
@@ -20,6 +21,8 @@ export interface DashboardOptions {
   admin: boolean;
   adminToken?: string;
   views: Views;
+  /** The deploy answer's view: the deployed models' rows carry its fields and inference URLs. */
+  models: ModelViews;
 }
 
 /** The page's files: beside this module in the sources, at the same place under the package root when built. */
@@ -37,7 +40,8 @@ const ASSETS: Record<string, string> = { 'app.js': 'text/javascript; charset=utf
  * The live dashboard at /_mock/ui and its read-only data under
  * /_mock/dashboard/ (docs/dashboard.md): runs, a run's losses, operations
  * and checkpoints, a sampler's publications and replicas over time with the
- * requests that met them, the journal, and the rules. Open in a default
+ * requests that met them, checkpoints deployed to inference, the journal,
+ * and the rules. Open in a default
  * start; with --api-key it needs the admin token (header, or the login
  * form's cookie), and without one it is refused. Controls call the admin API
  * and exist only with --admin.
@@ -82,7 +86,7 @@ export function dashboardRoutes(appIn: FastifyInstance, core: LoopsCore, options
     data.addHook('onRequest', guard);
     const typed = data.withTypeProvider<TypeBoxTypeProvider>();
 
-    typed.get('/_mock/dashboard/overview', { schema: { tags, summary: 'Everything at a glance: runs, samplers and their replicas, rules, scenario, clock', response: { 200: Overview } } }, (req) => {
+    typed.get('/_mock/dashboard/overview', { schema: { tags, summary: 'Everything at a glance: runs, samplers and their replicas, checkpoints deployed to inference, rules, scenario, clock', response: { 200: Overview } } }, (req) => {
       const { runs, samplers } = core.fleet.everything();
       return {
         version: VERSION,
@@ -93,6 +97,7 @@ export function dashboardRoutes(appIn: FastifyInstance, core: LoopsCore, options
         scenario: core.history.scenario && { ...core.history.scenario, applied_at: new Date(core.history.scenario.applied_at).toISOString() },
         runs: runs.map((r) => runSummary(r)),
         samplers: samplers.map((s) => samplerSummary(s)),
+        models: core.modelDeployments.everything().map((m) => modelSummary(m)),
         faults: core.faults.list(),
         progress: core.progress.list(),
         held: core.operations.held(),
@@ -162,5 +167,7 @@ export function dashboardRoutes(appIn: FastifyInstance, core: LoopsCore, options
     id: s.id, base_model: s.base_model, status: s.status, run_id: s.run_id, model_id: s.model_id,
     replicas: core.replicas.replicaStates(s), published_version: core.replicas.publishedVersion(s),
   });
+  // The deploy answer's own fields and URLs (proxy mode: Baseten's), so the page shows what a client was told.
+  const modelSummary = (m: ModelDeploymentRecord) => ({ ...options.models.deployed(m), instance_type_id: m.instance_type_id, created_at: new Date(m.created_at).toISOString() });
   const withTimes = (e: ReturnType<LoopsCore['history']['ofRun']>[number]) => ({ ...e, submitted_at: new Date(e.submitted_at).toISOString(), finished_at: new Date(e.finished_at).toISOString() });
 }

@@ -1,4 +1,5 @@
 import Type from 'typebox';
+import { DeployCheckpointsResponse } from '../control/models.js';
 
 /** The shapes of the dashboard's data routes, as /openapi.json lists them. Records inside are the admin API's and Baseten's own shapes. */
 const Any = Type.Unknown();
@@ -16,6 +17,12 @@ export const SamplerSummary = Type.Object({
   replicas: Type.Array(Any), published_version: Type.Integer(),
 });
 
+/** A checkpoint deployed to inference: the deploy answer (its status as of now), its instance type and when it was deployed. */
+export const DeployedModel = Type.Intersect([
+  DeployCheckpointsResponse,
+  Type.Object({ instance_type_id: Type.String(), created_at: Iso }),
+]);
+
 export const Overview = Type.Object({
   version: Type.String(),
   admin: Type.Boolean({ description: 'the admin API is served (--admin): controls are shown' }),
@@ -24,6 +31,7 @@ export const Overview = Type.Object({
   clock: Type.Object({ mode: Type.Enum(['real', 'virtual']), now: Iso }),
   scenario: Type.Union([Type.Object({ name: Type.Union([Type.String(), Type.Null()]), applied_at: Iso }), Type.Null()]),
   runs: Type.Array(RunSummary), samplers: Type.Array(SamplerSummary),
+  models: Type.Array(DeployedModel, { description: 'checkpoints deployed to inference, newest first (deleted ones are gone)' }),
   faults: Type.Array(Any), progress: Type.Array(Any), held: Type.Array(Any),
 });
 
