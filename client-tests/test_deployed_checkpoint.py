@@ -59,13 +59,11 @@ def test_openai_client_gets_the_adapters_greedy_answer(run_client, mock, route):
 
 TEMPLATE = """
     import json, os
-    from transformers import PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
     cases = json.loads(open(os.environ["CASES"]).read())
     out = []
     for case in cases:
-        # The mirror's tokenizer.json as written: transformers 5's AutoTokenizer rebuilds a LlamaTokenizerFast's
-        # pre-tokenizer (the DeepSeek V3 family's class) instead of reading it, and then encodes other ids.
-        tok = PreTrainedTokenizerFast.from_pretrained(case["model"])
+        tok = AutoTokenizer.from_pretrained(case["model"])
         ids = tok.apply_chat_template(case["messages"], tools=case["tools"], add_generation_prompt=True, tokenize=True, return_dict=False, **case["kwargs"])
         if isinstance(ids, dict):
             ids = ids["input_ids"]

@@ -81,7 +81,10 @@ AUTO_TOKENIZER = """
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained("Qwen/Qwen3.5-2B")
     prompts = json.load(open(EXPECTED))["prompts"]
-    print(json.dumps({"ids": [tok.encode(p, add_special_tokens=False) for p in prompts], "eos": tok.eos_token}))
+    # The DeepSeek V3 family's files too (their class is a Llama tokenizer, which transformers 5 would rebuild).
+    ds = AutoTokenizer.from_pretrained("deepseek-ai/DeepSeek-V4-Pro")
+    print(json.dumps({"ids": [tok.encode(p, add_special_tokens=False) for p in prompts], "eos": tok.eos_token,
+                      "ds_ids": [ds.encode(p, add_special_tokens=False) for p in prompts]}))
 """
 
 
@@ -97,6 +100,7 @@ def test_auto_tokenizer_encodes_the_support_tickets_as_the_mock_does(run_client,
     out, _ = run_client(AUTO_TOKENIZER.replace("EXPECTED", repr(mock["expected_file"])), endpoint_env if route == "HF_ENDPOINT" else proxy_env)
     assert out["ids"] == mock["ids"]
     assert out["eos"] == "<|im_end|>"
+    assert out["ds_ids"] == mock["ds_ids"]
 
 
 def test_hub_misses_raise_the_hubs_own_errors(run_client, endpoint_env):

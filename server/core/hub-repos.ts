@@ -92,7 +92,7 @@ export class HubRepos {
       let source = this.contents.get(path);
       if (!source) this.contents.set(path, (source = { content: readFileSync(path), mtime: statSync(path).mtime }));
       if (source.mtime > lastModified) lastModified = source.mtime;
-      contents.push([name, source.content]);
+      contents.push([name, name === 'tokenizer_config.json' ? tokenizerConfigAsIs(source.content) : source.content]);
     }
     const engine = this.engines.get(id);
     const tokenizer = this.engines.tokenizers.get(id);
@@ -112,4 +112,21 @@ export class HubRepos {
 
 function gitBlobId(content: Buffer): string {
   return createHash('sha1').update(`blob ${content.length}\0`).update(content).digest('hex');
+}
+
+/**
+ * transformers 5 rebuilds a Llama tokenizer's pre-tokenizer from its class instead of reading tokenizer.json, and
+ * then encodes other ids ("You are here": [3476, 591, 1036] for the mock's [3476, 477, 2155] in the DeepSeek V3
+ * files). The mirror names the generic fast class for them, so AutoTokenizer encodes with tokenizer.json as the
+ * mock does; any other config is served as it is.
+ */
+function tokenizerConfigAsIs(content: Buffer): Buffer {
+  let config: Record<string, unknown>;
+  try {
+    config = JSON.parse(content.toString('utf8')) as Record<string, unknown>;
+  } catch {
+    return content;
+  }
+  if (config.tokenizer_class !== 'LlamaTokenizerFast' && config.tokenizer_class !== 'LlamaTokenizer') return content;
+  return Buffer.from(JSON.stringify({ ...config, tokenizer_class: 'PreTrainedTokenizerFast' }, null, 2));
 }

@@ -52,6 +52,7 @@ beforeAll(async () => {
     proxy_env: proxy.env,
     expected_file: expectedFile,
     ids: prompts.map((p) => tok.encode(p)),
+    ds_ids: prompts.map((p) => tokenizers.get('deepseek-ai/DeepSeek-V4-Pro').encode(p)),
     tokenizer_json_sha256: createHash('sha256').update(readFileSync(tokenizers.files(MODEL).tokenizerJson)).digest('hex'),
     sft_input: sftInput,
     driver: join(REPO_ROOT, 'conformance', 'drivers', 'python', 'driver.py'),
