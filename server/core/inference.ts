@@ -1,4 +1,4 @@
-import { findBaseModel, sampleSequences, zeroAdapter, type EnginePool, type LoraAdapter, type SampledSequence, type SamplingParams } from '../../models/index.js';
+import { findBaseModel, sampleSequences, StreamedText, zeroAdapter, type EnginePool, type LoraAdapter, type SampledSequence, type SamplingParams } from '../../models/index.js';
 import { ChatTemplate } from '../../models/chat-template.js';
 import type { Clock } from './clock.js';
 import type { DeploymentLogs } from './deployment-logs.js';
@@ -58,6 +58,32 @@ export interface GenerationResult {
   decode: (ids: number[]) => string;
 }
 
+/** One choice's text that can be sent now, with the tokens drawn since its last delta (their logprobs when asked). */
+export interface StreamDelta {
+  index: number;
+  text: string;
+  tokens: { text: string; logprob: number; top: [number, number][] | null }[];
+  /** Set on the choice's last delta. */
+  finish_reason: 'stop' | 'length' | null;
+}
+
+/** A checked request to stream: `run` draws it, handing each delta out as soon as its tokens exist. */
+export interface GenerationStream {
+  id: string;
+  created: number;
+  model: string;
+  n: number;
+  promptTokens: number;
+  includeUsage: boolean;
+  logprobs: boolean;
+  decode: (ids: number[]) => string;
+  /** Resolves with the completion token count once every choice has finished; after `signal` aborts, no more work is done and it rejects. */
+  run(emit: (delta: StreamDelta) => void, signal: AbortSignal): Promise<{ completionTokens: number }>;
+}
+
+/** What a chat or completion request becomes: its whole answer, or a stream to run. */
+export type InferenceAnswer = { stream: false; result: GenerationResult } | { stream: true; events: GenerationStream };
+
 /**
  * OpenAI-compatible inference on a deployed checkpoint, as vLLM's OpenAI
  * server does it: chat messages through the base model's own chat template,
@@ -98,7 +124,7 @@ export class Inference {
   }
 
   /** `POST /v1/chat/completions`: the messages rendered by the base model's chat template, then sampled. */
-  async chat(r: ModelDeploymentRecord, body: unknown, id: string): Promise<GenerationResult> {
+  async chat(r: ModelDeploymentRecord, body: unknown, id: string): Promise<InferenceAnswer> {
     const b = object(body);
     const messages = b.messages;
     if (!Array.isArray(messages) || messages.length === 0) throw bad('messages', 'messages must be a non-empty list of {role, content} objects.');
@@ -117,12 +143,11 @@ export class Inference {
       throw bad('messages', `The chat template of ${r.base_model} could not render these messages: ${(err as Error).message}`);
     }
     const prompt = this.engines.tokenizers.get(r.base_model).encode(text);
-    const g = this.generation(r, b, prompt, 'chat');
-    return this.run(r, g, id);
+    return this.answer(r, this.generation(r, b, prompt, 'chat'), id);
   }
 
   /** `POST /v1/completions`: a text or token-id prompt, sampled as is. */
-  async complete(r: ModelDeploymentRecord, body: unknown, id: string): Promise<GenerationResult> {
+  async complete(r: ModelDeploymentRecord, body: unknown, id: string): Promise<InferenceAnswer> {
     const b = object(body);
     const p = b.prompt;
     let prompt: number[];
@@ -134,7 +159,7 @@ export class Inference {
       prompt = p as number[];
     } else throw bad('prompt', 'prompt must be a string or a non-empty list of token ids.');
     if (prompt.length === 0) throw bad('prompt', 'prompt is empty: send at least one token.');
-    return this.run(r, this.generation(r, b, prompt, 'completion'), id);
+    return this.answer(r, this.generation(r, b, prompt, 'completion'), id);
   }
 
   /** Requests started per step (inference_volume) and the most in flight at a start (model_concurrent_requests), from start to end; timestamps in epoch seconds. */
@@ -216,9 +241,12 @@ export class Inference {
     };
   }
 
-  private async run(r: ModelDeploymentRecord, g: Generation, id: string): Promise<GenerationResult> {
-    const engine = this.engines.get(r.base_model);
-    const codec = this.engines.sampleCodec(r.base_model);
+  private async answer(r: ModelDeploymentRecord, g: Generation, id: string): Promise<InferenceAnswer> {
+    return g.stream ? { stream: true, events: this.stream(r, g, id) } : { stream: false, result: await this.run(r, g, id) };
+  }
+
+  /** Counts a request in flight (the metrics); returns how to count it out. */
+  private begin(r: ModelDeploymentRecord): () => void {
     const busy = (this.inFlight.get(r.deployment_id) ?? 0) + 1;
     this.inFlight.set(r.deployment_id, busy);
     const starts = this.starts.get(r.deployment_id) ?? [];
@@ -226,11 +254,18 @@ export class Inference {
     // The newest 10000 starts per deployment are what range_model_metrics can count.
     if (starts.length > 10_000) starts.splice(0, starts.length - 10_000);
     this.starts.set(r.deployment_id, starts);
+    return () => this.inFlight.set(r.deployment_id, (this.inFlight.get(r.deployment_id) ?? 1) - 1);
+  }
+
+  private async run(r: ModelDeploymentRecord, g: Generation, id: string): Promise<GenerationResult> {
+    const engine = this.engines.get(r.base_model);
+    const codec = this.engines.sampleCodec(r.base_model);
+    const end = this.begin(r);
     let sequences: SampledSequence[];
     try {
       sequences = await sampleSequences(engine, g.adapter, g.prompt, g.n, g.params, codec);
     } finally {
-      this.inFlight.set(r.deployment_id, (this.inFlight.get(r.deployment_id) ?? 1) - 1);
+      end();
     }
     const eos = new Set(codec.eosTokenIds);
     const choices: Choice[] = [];
@@ -238,6 +273,69 @@ export class Inference {
     const completion = choices.reduce((n, c) => n + c.tokens.length, 0);
     this.logs.add(r.deployment_id, 'INFO', `${g.model}: ${g.prompt.length} prompt tokens, ${completion} completion tokens`, 'inference', id);
     return { id, created: Math.floor(this.clock.now() / 1000), model: g.model, promptTokens: g.prompt, choices, stream: g.stream, includeUsage: g.includeUsage, logprobs: g.logprobs, decode: (ids) => codec.decode(ids) };
+  }
+
+  /**
+   * A generation streamed token by token: each drawn token goes through its choice's StreamedText, and
+   * whatever text that releases goes out at once, with the tokens drawn since (their logprobs, and their
+   * top_logprobs scored on the sequence so far). The texts sent add up to the whole answer's.
+   */
+  private stream(r: ModelDeploymentRecord, g: Generation, id: string): GenerationStream {
+    const engine = this.engines.get(r.base_model);
+    const codec = this.engines.sampleCodec(r.base_model);
+    const eos = new Set(codec.eosTokenIds);
+    const decode = (ids: number[]) => codec.decode(ids);
+    const run = async (emit: (delta: StreamDelta) => void, signal: AbortSignal) => {
+      const texts = Array.from({ length: g.n }, () => new StreamedText(decode, g.stopStrings, eos));
+      // Per choice: its tokens (a final end token left out, as in the whole answer), and those not yet sent.
+      const kept: number[][] = Array.from({ length: g.n }, () => []);
+      const pending: StreamDelta['tokens'][] = Array.from({ length: g.n }, () => []);
+      const decodedLength = new Array<number>(g.n).fill(0);
+      let completion = 0;
+      const end = this.begin(r);
+      try {
+        await sampleSequences(engine, g.adapter, g.prompt, g.n, g.params, codec, {
+          signal,
+          onToken: async ({ index, token, logprob, finish_reason }) => {
+            if (!eos.has(token)) {
+              kept[index]!.push(token);
+              completion++;
+              if (g.logprobs) {
+                // The token's own text: what it adds to the decoded sequence.
+                const now = decode(kept[index]!);
+                pending[index]!.push({ text: now.slice(decodedLength[index]), logprob, top: null });
+                decodedLength[index] = now.length;
+              }
+            }
+            const text = texts[index]!.push(token, finish_reason !== null);
+            if (text === '' && finish_reason === null) return;
+            const tokens = pending[index]!;
+            pending[index] = [];
+            if (g.topLogprobs > 0 && tokens.length) await this.topOf(r, g, kept[index]!, tokens);
+            emit({ index, text, tokens, finish_reason });
+          },
+        });
+      } catch (err) {
+        if (signal.aborted) this.logs.add(r.deployment_id, 'INFO', `${g.model}: ${g.prompt.length} prompt tokens, stream closed by the client after ${completion} completion tokens`, 'inference', id);
+        throw err;
+      } finally {
+        end();
+      }
+      this.logs.add(r.deployment_id, 'INFO', `${g.model}: ${g.prompt.length} prompt tokens, ${completion} completion tokens`, 'inference', id);
+      return { completionTokens: completion };
+    };
+    return { id, created: Math.floor(this.clock.now() / 1000), model: g.model, n: g.n, promptTokens: g.prompt.length, includeUsage: g.includeUsage, logprobs: g.logprobs, decode, run };
+  }
+
+  /** Fills in the top_logprobs of a choice's newest `tokens` (the last of `kept`), scored on the prompt and `kept`. */
+  private async topOf(r: ModelDeploymentRecord, g: Generation, kept: number[], tokens: StreamDelta['tokens']): Promise<void> {
+    const all = [...g.prompt, ...kept];
+    const { top: rows } = await this.engines.get(r.base_model).topk([{ tokens: all, targets: [...all.slice(1), 0] }], g.adapter, g.topLogprobs);
+    const from = g.prompt.length - 1 + kept.length - tokens.length;
+    tokens.forEach((t, k) => {
+      const row = rows[0]![from + k]!;
+      t.top = row.ids.map((tid, j) => [tid, row.logprobs[j]!] as [number, number]);
+    });
   }
 
   /** One sequence as vLLM returns it: the end-of-sequence token and a matched stop string left out of the text. */

@@ -1,4 +1,4 @@
-import type { Choice, GenerationResult } from '../core/inference.js';
+import type { Choice, GenerationResult, GenerationStream, StreamDelta } from '../core/inference.js';
 
 /**
  * OpenAI's response objects as vLLM's OpenAI server writes them
@@ -62,25 +62,6 @@ export function chatCompletion(r: GenerationResult) {
   };
 }
 
-/** The chunks of a streamed chat completion: the role first, then a chunk per token, then the finish, then usage if asked. */
-export function chatChunks(r: GenerationResult): object[] {
-  const head = { id: r.id, object: 'chat.completion.chunk', created: r.created, model: r.model };
-  const out: object[] = [];
-  for (const c of r.choices) {
-    out.push({ ...head, choices: [{ index: c.index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }] });
-    const texts = pieces(c, r.decode);
-    texts.forEach((t, i) => {
-      const last = i === texts.length - 1;
-      const lp = r.logprobs ? { content: [{ ...tokenEntry(t, c.logprobs[i]!), top_logprobs: (c.top?.[i] ?? []).map(([id, v]) => tokenEntry(r.decode([id]), v)) }] } : null;
-      out.push({ ...head, choices: [{ index: c.index, delta: { content: t }, logprobs: lp, finish_reason: last ? c.finish_reason : null }] });
-    });
-    // No token (max_tokens reached at once, or only the end token): the finish comes alone.
-    if (!texts.length) out.push({ ...head, choices: [{ index: c.index, delta: { content: '' }, logprobs: null, finish_reason: c.finish_reason }] });
-  }
-  if (r.includeUsage) out.push({ ...head, choices: [], usage: usage(r) });
-  return out;
-}
-
 export function textCompletion(r: GenerationResult) {
   return {
     id: r.id,
@@ -103,18 +84,39 @@ function textLogprobs(c: Choice, decode: Decode) {
   };
 }
 
-export function textChunks(r: GenerationResult): object[] {
-  const head = { id: r.id, object: 'text_completion', created: r.created, model: r.model };
-  const out: object[] = [];
-  for (const c of r.choices) {
-    const texts = pieces(c, r.decode);
-    texts.forEach((t, i) => out.push({ ...head, choices: [{ index: c.index, text: t, logprobs: null, finish_reason: i === texts.length - 1 ? c.finish_reason : null, stop_reason: null }] }));
-    if (!texts.length) out.push({ ...head, choices: [{ index: c.index, text: '', logprobs: null, finish_reason: c.finish_reason, stop_reason: null }] });
-  }
-  if (r.includeUsage) out.push({ ...head, choices: [], usage: usage(r) });
-  return out;
-}
+/** The streamed chunks, as vLLM writes them, of a generation the core runs token by token. */
+export const streamChunks = {
+  /** Before any token: each chat choice's role (completions have none). */
+  start(s: GenerationStream, kind: 'chat' | 'completion'): object[] {
+    if (kind === 'completion') return [];
+    return Array.from({ length: s.n }, (_, index) => ({ ...chatHead(s), choices: [{ index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }] }));
+  },
 
-export function sse(chunks: object[]): string {
-  return chunks.map((c) => `data: ${JSON.stringify(c)}\n\n`).join('') + 'data: [DONE]\n\n';
+  /** One choice's text that can be sent now, its tokens' logprobs when asked; the finish on its last. */
+  delta(s: GenerationStream, kind: 'chat' | 'completion', d: StreamDelta): object {
+    if (kind === 'chat') {
+      const logprobs = s.logprobs ? { content: d.tokens.map((t) => ({ ...tokenEntry(t.text, t.logprob), top_logprobs: (t.top ?? []).map(([id, lp]) => tokenEntry(s.decode([id]), lp)) })) } : null;
+      return { ...chatHead(s), choices: [{ index: d.index, delta: { content: d.text }, logprobs, finish_reason: d.finish_reason }] };
+    }
+    const logprobs = s.logprobs ? {
+      tokens: d.tokens.map((t) => t.text),
+      token_logprobs: d.tokens.map((t) => t.logprob),
+      top_logprobs: d.tokens.map((t) => Object.fromEntries((t.top ?? []).map(([id, lp]) => [s.decode([id]), lp]))),
+    } : null;
+    return { ...textHead(s), choices: [{ index: d.index, text: d.text, logprobs, finish_reason: d.finish_reason, stop_reason: null }] };
+  },
+
+  /** After every choice's finish, when stream_options.include_usage asked for it. */
+  usage(s: GenerationStream, kind: 'chat' | 'completion', completionTokens: number): object {
+    const head = kind === 'chat' ? chatHead(s) : textHead(s);
+    return { ...head, choices: [], usage: { prompt_tokens: s.promptTokens, completion_tokens: completionTokens, total_tokens: s.promptTokens + completionTokens, prompt_tokens_details: null } };
+  },
+};
+
+const chatHead = (s: GenerationStream) => ({ id: s.id, object: 'chat.completion.chunk', created: s.created, model: s.model });
+const textHead = (s: GenerationStream) => ({ id: s.id, object: 'text_completion', created: s.created, model: s.model });
+
+/** One server-sent event, vLLM's way: a `data:` line and a blank line. */
+export function event(data: object | '[DONE]'): string {
+  return `data: ${typeof data === 'string' ? data : JSON.stringify(data)}\n\n`;
 }

@@ -3,11 +3,12 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import Type from 'typebox';
 import type { LoopsCore } from '../core/core.js';
 import { LoopsError } from '../core/errors.js';
-import { InferenceError, type GenerationResult } from '../core/inference.js';
+import { PassThrough } from 'node:stream';
+import { InferenceError, type InferenceAnswer } from '../core/inference.js';
 import type { ModelDeploymentRecord } from '../core/records.js';
 import { requirePrincipal } from '../http/auth.js';
 import { STATUS_OF } from '../http/errors.js';
-import { chatChunks, chatCompletion, sse, textChunks, textCompletion } from './openai-shapes.js';
+import { chatCompletion, event, streamChunks, textCompletion } from './openai-shapes.js';
 
 interface Params {
   model_id: string;
@@ -39,15 +40,15 @@ export function inferenceRoutes(appIn: FastifyInstance, core: LoopsCore): void {
     app.post(`${base}/chat/completions`, { schema: { tags, summary: 'OpenAI-compatible chat completions on a deployed checkpoint (model = its checkpoint name)', body: OPENAI_BODY } as object }, (req, reply) =>
       answer(reply, async () => {
         const r = target(req);
-        const result = await core.inference.chat(r, req.body, `chatcmpl-${req.id}`);
-        return result.stream ? streamed(reply, chatChunks(result)) : chatCompletion(result);
+        const a = await core.inference.chat(r, req.body, `chatcmpl-${req.id}`);
+        return a.stream ? streamed(reply, a, 'chat') : chatCompletion(a.result);
       }));
 
     app.post(`${base}/completions`, { schema: { tags, summary: 'OpenAI-compatible completions on a deployed checkpoint (text or token-id prompt)', body: OPENAI_BODY } as object }, (req, reply) =>
       answer(reply, async () => {
         const r = target(req);
-        const result: GenerationResult = await core.inference.complete(r, req.body, `cmpl-${req.id}`);
-        return result.stream ? streamed(reply, textChunks(result)) : textCompletion(result);
+        const a = await core.inference.complete(r, req.body, `cmpl-${req.id}`);
+        return a.stream ? streamed(reply, a, 'completion') : textCompletion(a.result);
       }));
 
     app.get(`${base}/models`, { schema: { tags, summary: 'The served models: each deployed checkpoint name, then the base model' } as object }, (req, reply) =>
@@ -55,9 +56,32 @@ export function inferenceRoutes(appIn: FastifyInstance, core: LoopsCore): void {
   }
 }
 
-/** Server-sent events, vLLM's way: one `data:` line per chunk, `data: [DONE]` last. */
-function streamed(reply: FastifyReply, chunks: object[]): FastifyReply {
-  return reply.type('text/event-stream; charset=utf-8').header('cache-control', 'no-cache').send(sse(chunks));
+/**
+ * Server-sent events, vLLM's way: each chunk written as soon as the core hands it out, `data: [DONE]` last.
+ * A client that goes away closes the stream (Fastify destroys it), which aborts the generation.
+ */
+function streamed(reply: FastifyReply, answer: Extract<InferenceAnswer, { stream: true }>, kind: 'chat' | 'completion'): FastifyReply {
+  const s = answer.events;
+  const out = new PassThrough();
+  const closed = new AbortController();
+  out.once('close', () => closed.abort(new Error('the client closed the stream')));
+  const write = (data: object) => {
+    if (!out.destroyed) out.write(event(data));
+  };
+  streamChunks.start(s, kind).forEach(write);
+  s.run((d) => write(streamChunks.delta(s, kind, d)), closed.signal).then(
+    ({ completionTokens }) => {
+      if (s.includeUsage) write(streamChunks.usage(s, kind, completionTokens));
+      if (!out.destroyed) out.end(event('[DONE]'));
+    },
+    (err: Error) => {
+      if (closed.signal.aborted) return;
+      // Headers are sent: vLLM reports a failure mid-stream as an error event, then ends the stream.
+      write({ error: { message: err.message, type: 'InternalServerError', param: null, code: 500 } });
+      if (!out.destroyed) out.end(event('[DONE]'));
+    },
+  );
+  return reply.type('text/event-stream; charset=utf-8').header('cache-control', 'no-cache').send(out);
 }
 
 /** Runs a handler and shapes its errors: Baseten's edge ones as `{"error": "<message>"}`, vLLM's in OpenAI's shape. */
