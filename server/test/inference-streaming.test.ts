@@ -149,6 +149,20 @@ describe('streamed inference, token by token', () => {
     expect(sent.join('')).not.toContain(stop);
   }, 60_000);
 
+  it('a failure after the headers went out is an error event, then [DONE]', async () => {
+    const original = engine.decodeRows;
+    engine.decodeRows = () => Promise.reject(new Error('the graph run failed'));
+    const got: any[] = [];
+    try {
+      for await (const e of events(await streamOf('/chat/completions', { model: 'step-1', messages: ticketMessages, max_tokens: 4, temperature: 0 }))) got.push(e);
+    } finally {
+      engine.decodeRows = original;
+    }
+    expect(got[0].choices[0].delta.role).toBe('assistant');
+    expect(got.at(-2)).toEqual({ error: { message: 'the graph run failed', type: 'InternalServerError', param: null, code: 500 } });
+    expect(got.at(-1)).toBe('[DONE]');
+  }, 60_000);
+
   it('a client that goes away mid-stream ends the generation: no decode step runs for nobody', async () => {
     const ids = tok.encode('Once upon a time');
     const maxTokens = 200;
