@@ -495,6 +495,16 @@ describe('scenarios', () => {
       await admin.advanceClock(4000);
       expect((await api.call('GET', `${trainer}/health`)).status).toBe(200);
     },
+    'slow-model-deploy': async (api, admin) => {
+      const { run, trainer } = await newRun(api);
+      await submitAndPoll(api, trainer, 'save_weights_for_sampler', { name: 'step-0' }, 'smd-save');
+      const [checkpoint] = (await api.call('GET', `/v1/loops/checkpoints?run_id=${run.id}`)).body.checkpoints;
+      const deployed = (await api.call('POST', '/v1/loops/checkpoints/deploy', { checkpoint_ids: [checkpoint.id] })).body;
+      const status = async () => (await api.call('GET', `/v1/models/${deployed.model_id}/deployments/${deployed.deployment_id}`)).body.status;
+      expect(await status()).toBe('BUILDING');
+      await admin.advanceClock(3000);
+      expect(await status()).toBe('ACTIVE');
+    },
     'run-idle-timeout': async (api, admin) => {
       const { run } = await newRun(api);
       await admin.advanceClock(1500);
