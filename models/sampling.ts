@@ -25,6 +25,10 @@ export interface SampledSequence {
   stop_reason: 'stop' | 'length';
 }
 
+/** At most this many stop strings a request, each of at most STOP_MAX_CHARS characters (as OpenAI bounds them, more generously). */
+export const STOP_MAX_STRINGS = 64;
+export const STOP_MAX_CHARS = 512;
+
 export interface TextCodec {
   decode(ids: number[]): string;
   eosTokenIds: number[];
@@ -58,6 +62,16 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
   if (params.max_tokens <= 0 || n <= 0) return seqs;
   const stopIds = new Set<number>([...codec.eosTokenIds, ...params.stop.filter((s): s is number => typeof s === 'number')]);
   const stopStrings = params.stop.filter((s): s is string => typeof s === 'string');
+  // Each sequence's text is decoded once per token (not once per stop string), and a stop string is looked for
+  // only where it could end in the text this token added: earlier text was searched at earlier tokens. A few
+  // characters more are searched, since a character split across tokens decodes differently once complete.
+  const searched = new Array<number>(n).fill(0);
+  const stopMatched = (tokens: number[], i: number): boolean => {
+    const text = codec.decode(tokens);
+    const from = searched[i]!;
+    searched[i] = text.length;
+    return stopStrings.some((stop) => text.indexOf(stop, Math.max(0, from - stop.length - 4)) >= 0);
+  };
 
   // The graph applies the temperature (greedy: none).
   const invT = params.temperature === 0 ? 1 : 1 / params.temperature;
@@ -89,7 +103,7 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
       const seq = seqs[i]!;
       seq.tokens.push(token);
       seq.logprobs.push(logprob);
-      const stopped = stopIds.has(token) || (stopStrings.length > 0 && stopStrings.some((s) => codec.decode(seq.tokens).includes(s)));
+      const stopped = stopIds.has(token) || (stopStrings.length > 0 && stopMatched(seq.tokens, i));
       if (stopped) {
         seq.stop_reason = 'stop';
       } else {

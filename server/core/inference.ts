@@ -1,4 +1,4 @@
-import { findBaseModel, sampleSequences, StreamedText, zeroAdapter, type EnginePool, type LoraAdapter, type SampledSequence, type SamplingParams } from '../../models/index.js';
+import { findBaseModel, sampleSequences, STOP_MAX_CHARS, STOP_MAX_STRINGS, StreamedText, zeroAdapter, type EnginePool, type LoraAdapter, type SampledSequence, type SamplingParams } from '../../models/index.js';
 import { ChatTemplate } from '../../models/chat-template.js';
 import type { Clock } from './clock.js';
 import type { DeploymentLogs } from './deployment-logs.js';
@@ -213,6 +213,8 @@ export class Inference {
     else if (Array.isArray(stop) && stop.every((s) => typeof s === 'string')) stopStrings = stop as string[];
     else if (stop !== undefined && stop !== null) throw bad('stop', 'stop must be a string or a list of strings.');
     if (stopStrings.some((s) => s === '')) throw bad('stop', 'stop strings must not be empty.');
+    if (stopStrings.length > STOP_MAX_STRINGS) throw bad('stop', `stop has ${stopStrings.length} strings; send at most ${STOP_MAX_STRINGS}.`);
+    if (stopStrings.some((s) => s.length > STOP_MAX_CHARS)) throw bad('stop', `each stop string may have at most ${STOP_MAX_CHARS} characters.`);
     const stopTokenIds = b.stop_token_ids;
     if (stopTokenIds !== undefined && stopTokenIds !== null && !(Array.isArray(stopTokenIds) && stopTokenIds.every((t) => Number.isInteger(t)))) throw bad('stop_token_ids', 'stop_token_ids must be a list of token ids.');
     let logprobs: boolean;

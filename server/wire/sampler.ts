@@ -1,9 +1,12 @@
 /** TypeBox schemas of the sampler data plane (PROTOCOL.md section 5; the route names and bodies are the mock's choice). */
 import Type, { type Static } from 'typebox';
+import { STOP_MAX_CHARS, STOP_MAX_STRINGS } from '../../models/sampling.js';
 import { ModelInput } from './trainer.js';
 
 const strict = { additionalProperties: false } as const;
-const Stop = Type.Optional(Type.Union([Type.String(), Type.Array(Type.String()), Type.Array(Type.Integer()), Type.Null()]));
+// Bounded: every generated token is matched against each stop string.
+const StopString = Type.String({ maxLength: STOP_MAX_CHARS });
+const Stop = Type.Optional(Type.Union([StopString, Type.Array(StopString, { maxItems: STOP_MAX_STRINGS }), Type.Array(Type.Integer(), { maxItems: STOP_MAX_STRINGS }), Type.Null()]));
 
 export const SamplingParams = Type.Object({
   max_tokens: Type.Optional(Type.Integer({ minimum: 0 })),
