@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Started as `loops-mock` (bin/loops-mock.js), with the runtime settings that return memory after a burst.
 import { ConfigError, parseOptions, parsePort, usage } from './config.js';
-import { appendFileSync, mkdirSync, writeFileSync } from 'node:fs';
+import { appendFileSync, chmodSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { EnginePool, findBaseModel, supportedModelNames, Tokenizers } from '../models/index.js';
 import { HubRepos } from './core/hub-repos.js';
@@ -144,7 +144,11 @@ async function main(argv: string[]): Promise<void> {
   }
   const server = await startServer(options);
   const lines = Object.entries(server.env).map(([k, v]) => `${k}=${v}`);
-  if (options.writeEnv) writeFileSync(options.writeEnv, `${lines.join('\n')}\n`);
+  // Owner-only: it holds BASETEN_API_KEY (the mode applies to a new file; an existing one is narrowed too).
+  if (options.writeEnv) {
+    writeFileSync(options.writeEnv, `${lines.join('\n')}\n`, { mode: 0o600 });
+    chmodSync(options.writeEnv, 0o600);
+  }
   const notes = [`# loops-mock ${VERSION} listening on ${server.url}${options.dataDir ? `, state in ${options.dataDir}` : ', state in memory'}`];
   if (server.ca) notes.push(`# proxy mode: HTTPS_PROXY intercepts api.baseten.co, *.api.baseten.co, app.baseten.co and huggingface.co with the CA ${server.ca.cert}${options.proxyPassthrough.length ? `; passes through ${options.proxyPassthrough.join(', ')}` : ''}; other hosts are refused`);
   const dashboardAccess = options.apiKeys.length === 0 ? (options.admin ? '' : ' (read-only: --admin adds controls)') : options.adminToken ? ' (sign in with the admin token)' : ' (refused: with --api-key it needs --admin-token)';

@@ -69,11 +69,11 @@ class DirectoryBlobs implements BlobStore {
     const folders = new Set<string>([scratch]);
     for (const f of files) {
       const target = join(scratch, f.relative_file_name);
-      mkdirSync(dirname(target), { recursive: true });
+      mkdirSync(dirname(target), { recursive: true, mode: 0o700 });
       folders.add(dirname(target));
       writeDurably(target, f.data);
     }
-    mkdirSync(scratch, { recursive: true });
+    mkdirSync(scratch, { recursive: true, mode: 0o700 });
     // The files' names in their folders reach the disk too, before the folder takes its place.
     for (const folder of folders) syncFolder(folder);
     // Replacing: move the old folder aside first, so that some whole version exists at every instant.
@@ -109,7 +109,8 @@ class DirectoryBlobs implements BlobStore {
 
 /** Written and flushed to the disk before it counts as written. */
 function writeDurably(file: string, data: Uint8Array): void {
-  const fd = openSync(file, 'w');
+  // Owner-only, as the database is: checkpoints are the user's weights.
+  const fd = openSync(file, 'w', 0o600);
   try {
     let at = 0;
     while (at < data.byteLength) at += writeSync(fd, data, at, data.byteLength - at);

@@ -1,5 +1,5 @@
 import Database from 'better-sqlite3';
-import { mkdirSync } from 'node:fs';
+import { chmodSync, closeSync, mkdirSync, openSync } from 'node:fs';
 import { join } from 'node:path';
 import type { LogLevel, LogRecord } from './records.js';
 import { LOG_LEVELS } from './records.js';
@@ -39,8 +39,14 @@ export class Store {
   private writes = 0;
 
   constructor(dataDir?: string) {
-    if (dataDir) mkdirSync(dataDir, { recursive: true });
     this.file = dataDir ? join(dataDir, 'loops-mock.sqlite') : ':memory:';
+    if (dataDir) {
+      // Owner-only: the database holds the presign secret. SQLite gives its -wal and -shm files the database's mode.
+      mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+      chmodSync(dataDir, 0o700);
+      closeSync(openSync(this.file, 'a', 0o600));
+      chmodSync(this.file, 0o600);
+    }
     this.db = new Database(this.file);
     if (dataDir) {
       this.db.pragma('journal_mode = WAL');

@@ -1,5 +1,5 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { cpSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, utimesSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, symlinkSync, utimesSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -65,6 +65,8 @@ describe('the loops-mock command', () => {
     const cli = runCli(['serve', '--port', '0', '--write-env', join(dir, 'loops.env')]);
     await cli.ready;
     expect(readFileSync(join(dir, 'loops.env'), 'utf8')).toBe(`${Object.entries(cli.vars).map(([k, v]) => `${k}=${v}`).join('\n')}\n`);
+    // It holds BASETEN_API_KEY: owner-only.
+    expect(statSync(join(dir, 'loops.env')).mode & 0o777).toBe(0o600);
     const health = await fetch(`${cli.vars.LOOPS_BASE_URL}/healthz`);
     expect([health.status, await health.json()]).toEqual([200, { status: 'ok', version: VERSION }]);
     expect(Object.keys(cli.vars)).toEqual(['LOOPS_BASE_URL', 'BASETEN_API_KEY', 'BASETEN_MANAGEMENT_API_URL_OVERRIDE', 'HF_ENDPOINT']);
