@@ -22,7 +22,8 @@ class HttpError extends Error {
 }
 
 async function api(path, init = {}) {
-  const headers = { accept: 'application/json', ...(init.body !== undefined ? { 'content-type': 'application/json' } : {}) };
+  // X-Loops-Mock-Admin: the admin API refuses changes without it (or a JSON body), which no other site's page can send.
+  const headers = { accept: 'application/json', 'x-loops-mock-admin': '1', ...(init.body !== undefined ? { 'content-type': 'application/json' } : {}) };
   const res = await fetch(path, { credentials: 'same-origin', ...init, headers });
   const text = await res.text();
   let body = null;
