@@ -12,7 +12,7 @@ import { samplerRoutes } from './control/samplers.js';
 import { sessionAndRunRoutes } from './control/sessions-runs.js';
 import { Views } from './control/views.js';
 import { AnswerCache } from './http/answer-cache.js';
-import { apiKeyOf, requirePrincipal } from './http/auth.js';
+import { AdminTokenGate, apiKeyOf, requirePrincipal } from './http/auth.js';
 import { createBaseApp, type FrontOfHouse } from './http/base-app.js';
 import { dashboardRoutes } from './dashboard/routes.js';
 import { buildOpenApi } from './http/openapi.js';
@@ -29,6 +29,10 @@ export type AppOptions = Pick<ServerOptions, 'bodyLimit' | 'logLevel' | 'logForm
   urls: PublicUrls;
   /** Proxy mode's forward proxy, in front of the app on its port. */
   front?: FrontOfHouse;
+  /** Whether the background warm-up is still building the engines (startServer); ready when not told. */
+  engine?: () => 'warming' | 'ready';
+  /** Host names answered beyond localhost and IP addresses (server/http/allowed-hosts.ts). */
+  allowedHosts?: readonly string[];
 };
 
 /** Builds the Fastify app over a core: the shared base (http/), then every front door as an encapsulated plugin. */
@@ -64,14 +68,29 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
   await app.register(async (graphql) => graphqlRoutes(graphql, core));
   // The Hugging Face mirror needs no key: clients send it Hub tokens, if anything.
   await app.register(async (hub) => hubRoutes(hub, core));
-  if (options.admin) await app.register(async (admin) => adminRoutes(admin, core, { token: options.adminToken }));
+  // One check of the admin token for both, so that wrong guesses count wherever they are tried.
+  const gate = options.adminToken === undefined ? undefined : new AdminTokenGate(options.adminToken);
+  if (options.admin) await app.register(async (admin) => adminRoutes(admin, core, { gate }));
   // The live dashboard: read-only unless --admin; with --api-key, the admin token's.
-  await app.register(async (dashboard) => dashboardRoutes(dashboard, core, { admin: options.admin, adminToken: options.adminToken, views: ctx.views, models: modelViews }));
+  await app.register(async (dashboard) => dashboardRoutes(dashboard, core, { admin: options.admin, gate, views: ctx.views, models: modelViews }));
 
   // For CI services and scripts that wait for the server: no key, nothing but liveness (503 once shutting down).
+  // engine: warming while --warm builds the engines in the background (requests work meanwhile, slower), then ready.
+  const engineState = options.engine ?? (() => 'ready' as const);
   app.get('/healthz', {
-    schema: { tags: ['service'], summary: 'Liveness for scripts and CI: no key needed', response: { 200: Type.Object({ status: Type.Literal('ok'), version: Type.String() }) } },
-  }, () => ({ status: 'ok' as const, version: VERSION }));
+    schema: {
+      tags: ['service'], summary: 'Liveness for scripts and CI: no key needed; 200 while the engines warm too',
+      response: {
+        200: Type.Object({
+          status: Type.Literal('ok'), engine: Type.Union([Type.Literal('warming'), Type.Literal('ready')]), version: Type.String(),
+          // Alive on a full disk too (reads answer, writes get 507): whether writes go through, and how many the disk refused.
+          storage: Type.Object({ writable: Type.Boolean(), refused_writes: Type.Integer(), background_write_failures: Type.Integer(), journal_file_failures: Type.Integer() }),
+        }),
+      },
+    },
+  }, () => ({ status: 'ok' as const, engine: engineState(), version: VERSION, storage: { ...core.store.health, journal_file_failures: core.journal.fileFailures.failures } }));
+  // Browsers ask every page's host for an icon: an empty answer, never a 404 in the journal (journal-hook skips it).
+  app.get('/favicon.ico', { schema: { hide: true } as object }, (_request, reply) => reply.code(204).send());
 
   app.get('/openapi.json', { schema: { hide: true } as object }, () => buildOpenApi(routes, VERSION, options.urls.root()));
 

@@ -12,10 +12,16 @@ export type LogLevelName = (typeof LOG_LEVELS)[number];
 interface StartupOptions {
   port: number;
   host: string;
+  /** Host names answered beyond localhost, IP addresses and the bound --host (server/http/allowed-hosts.ts). */
+  allowedHosts: string[];
   /** The URL put into `base_url` fields; defaults to where the server listens. */
   publicUrl?: string;
   /** Durable state lives here; without it, in memory. */
   dataDir?: string;
+  /** Set the data dir's database and checkpoints aside (moved, never deleted) and start empty. */
+  dataDirFresh: boolean;
+  /** Give checkpoint folders no record names their records back from their manifests (an unreadable database is set aside first). */
+  rebuildRecords: boolean;
   /** When non-empty, only these keys are accepted. */
   apiKeys: ApiKeySpec[];
   logLevel: LogLevelName;
@@ -61,6 +67,8 @@ interface StartupOptions {
   proxyPassthrough: string[];
   /** Also write the printed client variables to this file (KEY=value lines). */
   writeEnv?: string;
+  /** Stop when the process that started this one is gone (its parent process id changes), however it went. */
+  exitWithParent: boolean;
 }
 
 /**
@@ -142,14 +150,14 @@ export function parseApiKey(value: string): ApiKeySpec {
   return { key, org, team };
 }
 
-/** A host name or IP address, as `--proxy-passthrough` takes them (no port: every port of the host passes). */
-function parseHostName(value: string): string {
+/** A host name or IP address, as `--proxy-passthrough` and `--allowed-host` take them (no port: every port of the host counts). */
+const parseHostName = (flag: string) => (value: string): string => {
   const host = value.trim().toLowerCase().replace(/^\[|\]$/g, '');
-  if (!/^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$/.test(host) && !/^[0-9a-f:.]+$/.test(host)) {
-    throw new ConfigError(`--proxy-passthrough takes host names or IP addresses without a port, e.g. example.com,127.0.0.1, got '${value}'`);
+  if (!/^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*$/.test(host) && !/^[0-9a-f:.]+$/.test(host)) {
+    throw new ConfigError(`--${flag} takes host names or IP addresses without a port, e.g. example.com,127.0.0.1, got '${value}'`);
   }
   return host;
-}
+};
 
 type StartupKey = keyof StartupOptions;
 
@@ -210,9 +218,14 @@ function liveRows(): SettingRow[] {
   });
 }
 
-const LISTENING_ROWS: StartupRowSpecs<'port' | 'host' | 'publicUrl' | 'dataDir' | 'apiKeys' | 'logLevel' | 'logFormat' | 'bodyLimit' | 'headersTimeoutMs' | 'bodyTimeoutMs'> = {
+const LISTENING_ROWS: StartupRowSpecs<'port' | 'host' | 'allowedHosts' | 'publicUrl' | 'dataDir' | 'dataDirFresh' | 'rebuildRecords' | 'apiKeys' | 'logLevel' | 'logFormat' | 'bodyLimit' | 'headersTimeoutMs' | 'bodyTimeoutMs'> = {
   port: { flag: 'port', default: 8787, help: 'port to listen on; 0 picks a free one', parse: parsePort },
   host: { flag: 'host', default: '127.0.0.1', help: 'address to listen on', parse: notEmpty('host') },
+  allowedHosts: {
+    flag: 'allowed-host', default: [], shown: 'none', repeatable: 'adds to env',
+    help: "HOST[,HOST...]: more names clients reach the server by (the Host header), e.g. the machine's name with --host 0.0.0.0 or a container's service name; localhost, IP addresses, the --host and --public-url names (and Baseten's hosts with --proxy) are always answered, other names get 403 (a guard against DNS rebinding)",
+    parse: (v, hosts) => [...hosts, ...v.split(',').map(parseHostName('allowed-host'))],
+  },
   publicUrl: {
     flag: 'public-url', default: undefined, shown: 'where it listens', help: 'URL put into base_url fields',
     parse: (v) => {
@@ -223,6 +236,16 @@ const LISTENING_ROWS: StartupRowSpecs<'port' | 'host' | 'publicUrl' | 'dataDir' 
     },
   },
   dataDir: { flag: 'data-dir', default: undefined, shown: 'none: in memory', help: 'folder for durable state', parse: notEmpty('data-dir') },
+  dataDirFresh: {
+    flag: 'data-dir-fresh', default: false, switch: true,
+    help: "with --data-dir: move its database and checkpoints into DIR/set-aside-<time>/ (never deleted) and start empty; the way past a database that is missing, empty or unreadable",
+    parse: (v) => truth('data-dir-fresh', v),
+  },
+  rebuildRecords: {
+    flag: 'rebuild-records', default: false, switch: true,
+    help: "with --data-dir: give checkpoint folders that no record names their records back from each folder's manifest, so they list, load and download again (runs and samplers are not rebuilt); an unreadable database is moved into DIR/set-aside-<time>/ first",
+    parse: (v) => truth('rebuild-records', v),
+  },
   apiKeys: {
     flag: 'api-key', default: [], shown: 'any key', repeatable: 'flags replace env',
     help: 'KEY[:ORG[:TEAM]]; repeatable; when given, only these keys are accepted',
@@ -291,10 +314,15 @@ const ENGINE_AND_ADMIN_ROWS: StartupRowSpecs<Exclude<StartupKey, keyof typeof LI
   proxyPassthrough: {
     flag: 'proxy-passthrough', default: [], shown: 'none', repeatable: 'adds to env',
     help: 'HOST[,HOST...]: hosts the proxy tunnels untouched instead of refusing (they win over interception)',
-    parse: (v, hosts) => [...hosts, ...v.split(',').map(parseHostName)],
+    parse: (v, hosts) => [...hosts, ...v.split(',').map(parseHostName('proxy-passthrough'))],
   },
   // Not --env-file: Node 20 takes an --env-file anywhere on its command line for itself, even after the script.
   writeEnv: { flag: 'write-env', default: undefined, shown: 'none', help: 'also write the printed client variables (KEY=value lines) to this file once listening, for scripts and CI services', parse: notEmpty('write-env') },
+  exitWithParent: {
+    flag: 'exit-with-parent', default: false, switch: true,
+    help: 'stop (gracefully, exit 0) as soon as the process that started this one is gone, even if it was killed with SIGKILL: no stray server after a CI step, npx wrapper or test runner dies',
+    parse: (v) => truth('exit-with-parent', v),
+  },
   presignTtlSeconds: { flag: 'presign-ttl-s', default: 3600, help: 'lifetime of checkpoint download URLs in seconds', parse: wholeNumber('presign-ttl-s', [1, 7 * 86400]) },
 };
 
@@ -325,12 +353,16 @@ export function liveSettingsOf(options: ServerOptions): Partial<Settings> {
 export function parseOptions(argv: string[], env: NodeJS.ProcessEnv = {}): ServerOptions {
   // A fresh copy: repeatable flags build on the default list and map.
   const options = structuredClone(DEFAULTS);
+  const given = parseFlags(argv, FLAG_DEFINITIONS, { error: (message) => new ConfigError(message) }).flags;
+  const byFlag = new Set(given.map((f) => f.name));
   for (const row of FLAG_ROWS) {
+    // A flag that replaces its variable makes the variable moot: a bad LOOPS_MOCK_PORT does not block --port.
+    if (byFlag.has(row.flag) && (!row.repeatable || row.flagsReplaceEnv)) continue;
     const value = env[row.env];
     if (value !== undefined && value !== '') row.set(options, value);
   }
   const replacedEnv = new Set<FlagRow>();
-  for (const { name, value } of parseFlags(argv, FLAG_DEFINITIONS, { error: (message) => new ConfigError(message) }).flags) {
+  for (const { name, value } of given) {
     const row = FLAG_BY_NAME.get(name)!;
     if (row.flagsReplaceEnv && !replacedEnv.has(row)) {
       (options as unknown as Record<string, unknown>)[row.option] = structuredClone(row.default);

@@ -1,8 +1,9 @@
-import { appendFileSync } from 'node:fs';
+import { appendFileSync, chmodSync, writeFileSync } from 'node:fs';
 import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
 import { EnginePool, findBaseModel, probeDevice, Tokenizers, warmTrainingLoop } from '../models/index.js';
-import { ConfigError, DEFAULTS, liveSettingsOf, type ServerOptions } from './config.js';
+import { ConfigError, liveSettingsOf, type ServerOptions } from './config.js';
 import { LoopsCore } from './core/core.js';
+import { prepareDataDir, unrecordedNote } from './core/data-dir.js';
 import { collectorAfterReleases } from '../models/collect-soon.js';
 import type { Clock } from './core/clock.js';
 import { applyScenario, parseScenario, readScenarioSource, type ScenarioSpec } from './admin/scenario.js';
@@ -13,25 +14,31 @@ import { compileSchemasSoon } from './http/validation.js';
 import { basetenUrls } from './proxy/baseten-hosts.js';
 import { defaultCaDir, LocalCa } from './proxy/ca.js';
 import { ForwardProxy } from './proxy/forward-proxy.js';
+import { watchParent } from './parent-watch.js';
+import { resolveStartOptions, type StartOptions } from './start-options.js';
 
 export { ManualClock, RealClock, type Clock } from './core/clock.js';
 export { LoopsCore, type CoreOptions } from './core/core.js';
 export { buildApp } from './app.js';
 export { parseOptions, ConfigError, DEFAULTS, type ServerOptions } from './config.js';
-export { VERSION } from './version.js';
+export { LOOPS_API_VERSION, VERSION } from './version.js';
 export { MockAdmin, MockAdminError } from './admin/client.js';
 export { directUrls, type PublicUrls } from './http/public-urls.js';
 export { basetenUrls } from './proxy/baseten-hosts.js';
 export { defaultCaDir, LocalCa } from './proxy/ca.js';
+export { DEPRECATED_OPTION_NAMES, START_OPTION_NAMES, type StartOptions } from './start-options.js';
 
 /** The key `startServer` and the CLI hand out when no --api-key is configured; any non-empty key works then. */
 export const DEFAULT_API_KEY = 'loops-mock-local-key';
 
-export interface StartOptions extends Partial<ServerOptions> {
+/** What the command line passes beside its parsed options. */
+export interface StartExtras {
   /** A clock to drive time by hand in tests (ManualClock). */
   clock?: Clock;
   /** Model engines to share between servers (graphs built once); the caller closes them. */
   engines?: EnginePool;
+  /** With --exit-with-parent: called instead of close() when the parent process is gone (the CLI exits). */
+  onParentGone?: () => void;
 }
 
 export interface RunningServer {
@@ -53,8 +60,20 @@ export interface RunningServer {
   ca?: LocalCa['files'];
   app: FastifyInstance;
   core: LoopsCore;
-  /** Stops accepting, lets requests in flight finish, then closes storage. */
+  /** What the start found and did in the data dir (state set aside, records rebuilt, entries kept that no record names), one line each. */
+  notes: string[];
+  /** Whether the background warm-up (--warm) is still building the engines: /healthz says so. */
+  engine(): 'warming' | 'ready';
+  /**
+   * Stops accepting, lets requests in flight finish, then closes storage. It does not wait for the
+   * warm-up: that stops at its next step, and the engines close after it (enginesClosed).
+   */
   close(): Promise<void>;
+  /**
+   * Resolves once close() is done and the engines have stopped too (after a warm-up graph run in
+   * flight, which cannot be cut short). A process that exits right after close() waits on this.
+   */
+  enginesClosed(): Promise<void>;
 }
 
 /**
@@ -82,26 +101,45 @@ async function prepareEngines(options: ServerOptions): Promise<EnginePool> {
   return new EnginePool(tokenizers, { device: options.device, unembeddingRank: options.unembeddingRank, batchRuns: options.batchRuns });
 }
 
-/** Builds and runs each model's graphs once (ModelEngine.warmUp); a failure is logged, never fatal: the first request would build them again. */
-async function warmEngines(engines: EnginePool, models: string[], log: FastifyBaseLogger): Promise<void> {
+/**
+ * Builds and runs each model's graphs once (ModelEngine.warmUp); a failure is logged, never fatal: the first
+ * request would build them again. Once `stop.aborted` (the server closing) it stops at the next step.
+ */
+async function warmEngines(engines: EnginePool, models: string[], log: FastifyBaseLogger, stop: AbortSignal): Promise<void> {
   for (const model of models) {
     const started = performance.now();
     try {
-      await engines.get(model).warmUp();
-      await warmTrainingLoop(engines.get(model));
-      // Stop strings are matched on decoded text: the decoder is loaded now too, not in a client's first sample.
-      engines.sampleCodec(model).decode([0]);
+      const steps = [
+        () => engines.get(model).warmUp(),
+        () => warmTrainingLoop(engines.get(model)),
+        // Stop strings are matched on decoded text: the decoder is loaded now too, not in a client's first sample.
+        () => { engines.sampleCodec(model).decode([0]); },
+      ];
+      for (const step of steps) {
+        if (stop.aborted) return;
+        await step();
+      }
       log.info(`${model}: engine warm (--warm) in ${((performance.now() - started) / 1000).toFixed(1)} s`);
     } catch (err) {
+      if (stop.aborted) return;
       log.warn(`${model}: warming the engine failed (its first request builds it instead): ${(err as Error).message}`);
     }
   }
 }
 
-/** Starts a loops-mock server. Options are the CLI flags in camelCase; `port: 0` picks a free port. */
-export async function startServer(overrides: StartOptions = {}): Promise<RunningServer> {
-  const options: ServerOptions = { ...DEFAULTS, ...overrides, apiKeys: overrides.apiKeys ?? [], tokenizers: overrides.tokenizers ?? {}, weightSyncDelayMs: overrides.weightSyncDelayMs ?? DEFAULTS.weightSyncDelayMs };
-  const engines = overrides.engines ?? await prepareEngines(options);
+/**
+ * Starts a loops-mock server. Options are the flags of `loops-mock serve` in camelCase (`warm: 'none'`,
+ * `clock: 'virtual'`, `port: 0` for a free port), as flag text or typed; an unknown one is a ConfigError
+ * naming the nearest (server/start-options.ts).
+ */
+export async function startServer(given: StartOptions = {}): Promise<RunningServer> {
+  const { options, clock, engines } = resolveStartOptions(given);
+  return startWithOptions(options, { clock, engines });
+}
+
+/** Starts a server from options as parseOptions gives them (the command line's way in). */
+export async function startWithOptions(options: ServerOptions, extras: StartExtras = {}): Promise<RunningServer> {
+  const engines = extras.engines ?? await prepareEngines(options);
   if (options.journalFile) {
     try {
       appendFileSync(options.journalFile, '');
@@ -109,8 +147,16 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
       throw new ConfigError(`--journal ${options.journalFile}: cannot append to it (${(err as Error).message})`);
     }
   }
+  // Checked before the server starts, so that a path that cannot be written fails the start with one line.
+  if (options.writeEnv) {
+    try {
+      appendFileSync(options.writeEnv, '');
+    } catch (err) {
+      throw new ConfigError(`--write-env ${options.writeEnv}: cannot write it (${(err as Error).message})`);
+    }
+  }
   // Without the admin API nothing could move a virtual clock: say so rather than let every timeout hang.
-  if (options.clockMode === 'virtual' && !options.admin && !overrides.clock) throw new ConfigError('--clock virtual needs --admin: only POST /_mock/clock/advance moves virtual time');
+  if (options.clockMode === 'virtual' && !options.admin && !extras.clock) throw new ConfigError('--clock virtual needs --admin: only POST /_mock/clock/advance moves virtual time');
   // With keys the server is meant to be guarded: an admin API without its own token would let anyone reset it or read the journal.
   if (options.admin && options.apiKeys.length > 0 && options.adminToken === undefined) throw new ConfigError('--admin with --api-key needs --admin-token TOKEN: without it anyone who reaches the port could reset the server or read its journal, with no key at all');
   // Read before anything starts, so a bad scenario fails the start with its line.
@@ -123,11 +169,15 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
       throw new ConfigError(`--scenario ${options.scenario}: ${(err as Error).message}`);
     }
   }
+  if ((options.dataDirFresh || options.rebuildRecords) && !options.dataDir) throw new ConfigError(`--${options.dataDirFresh ? 'data-dir-fresh' : 'rebuild-records'} needs --data-dir DIR: it acts on that folder's state`);
+  if (options.dataDirFresh && options.rebuildRecords) throw new ConfigError('--data-dir-fresh and --rebuild-records do not go together: fresh sets every checkpoint aside, rebuild keeps them and gives them their records back');
+  // Before the core opens the data dir: a missing or unreadable database beside checkpoint folders stops the start (server/core/data-dir.ts).
+  const dataDirNotes = options.dataDir ? prepareDataDir(options.dataDir, { fresh: options.dataDirFresh, rebuildRecords: options.rebuildRecords }).notes : [];
   const core = new LoopsCore({
     engines,
     dataDir: options.dataDir,
     apiKeys: options.apiKeys,
-    clock: overrides.clock ?? (options.clockMode === 'virtual' ? new ManualClock(Date.now()) : undefined),
+    clock: extras.clock ?? (options.clockMode === 'virtual' ? new ManualClock(Date.now()) : undefined),
     settings: liveSettingsOf(options),
     presignTtlMs: options.presignTtlSeconds * 1000,
     journalSize: options.journalSize,
@@ -158,8 +208,14 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
     proxy = new ForwardProxy(core, { ca, passthrough: options.proxyPassthrough });
   }
   let app: FastifyInstance;
+  // Set once the background warm-up (--warm) is over, however it ended; /healthz tells it.
+  let warm = false;
   try {
-    app = await buildApp(core, { ...options, urls: proxy ? basetenUrls() : directUrls(() => publicUrl), front: proxy });
+    // The names the server is started under are its own too: a client reaches it by them (server/http/allowed-hosts.ts).
+    const allowedHosts = [...options.allowedHosts, options.host, ...(options.publicUrl ? [new URL(options.publicUrl).hostname] : [])];
+    app = await buildApp(core, { ...options, allowedHosts, urls: proxy ? basetenUrls() : directUrls(() => publicUrl), front: proxy, engine: () => (warm ? 'ready' : 'warming') });
+    // The proxy's limits (refused handshakes) are the operator's to see.
+    proxy?.onWarning((message) => app.log.warn(message));
     await app.listen({ port: options.port, host: options.host });
   } catch (err) {
     core.close();
@@ -177,10 +233,39 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
   const env: Record<string, string> = ca
     ? { BASETEN_API_KEY: apiKey, HTTPS_PROXY: url, SSL_CERT_FILE: ca.bundle, REQUESTS_CA_BUNDLE: ca.bundle, NODE_EXTRA_CA_CERTS: ca.cert }
     : { LOOPS_BASE_URL: publicUrl, BASETEN_API_KEY: apiKey, BASETEN_MANAGEMENT_API_URL_OVERRIDE: publicUrl, HF_ENDPOINT: `${publicUrl}/hf` };
+  // Owner-only: it holds BASETEN_API_KEY (the mode applies to a new file; an existing one is narrowed too).
+  if (options.writeEnv) {
+    writeFileSync(options.writeEnv, `${Object.entries(env).map(([k, v]) => `${k}=${v}`).join('\n')}\n`, { mode: 0o600 });
+    chmodSync(options.writeEnv, 0o600);
+  }
   // After listening: requests that come meanwhile queue behind the warm-up on the engine, as they would behind any step.
-  const warming = warmEngines(engines, options.warmModels, app.log);
+  const stopWarming = new AbortController();
+  const warming = warmEngines(engines, options.warmModels, app.log, stopWarming.signal).finally(() => { warm = true; });
   compileSchemasSoon();
   let closed: Promise<void> | undefined;
+  let enginesClosed: Promise<void> | undefined;
+  let stopWatching = () => {};
+  const close = () => (closed ??= (async () => {
+    stopWatching();
+    stopWarming.abort();
+    proxy?.close();
+    await app.close();
+    unlistenLong();
+    await core.drain();
+    core.close();
+  })());
+  const closeEngines = () => (enginesClosed ??= (async () => {
+    await close();
+    await warming;
+    if (!extras.engines) await engines.close();
+  })());
+  if (options.exitWithParent) {
+    stopWatching = watchParent(() => {
+      app.log.warn('the parent process is gone (--exit-with-parent): stopping');
+      if (extras.onParentGone) extras.onParentGone();
+      else void closeEngines();
+    });
+  }
   return {
     url,
     publicUrl,
@@ -189,14 +274,9 @@ export async function startServer(overrides: StartOptions = {}): Promise<Running
     ...(ca ? { ca } : {}),
     app,
     core,
-    close: () => (closed ??= (async () => {
-      proxy?.close();
-      await app.close();
-      await warming;
-      unlistenLong();
-      await core.drain();
-      core.close();
-      if (!overrides.engines) await engines.close();
-    })()),
+    notes: options.dataDir ? [...dataDirNotes, ...unrecordedNote(options.dataDir, core.checkpoints.recovery.unrecorded)] : [],
+    engine: () => (warm ? 'ready' : 'warming'),
+    close,
+    enginesClosed: closeEngines,
   };
 }

@@ -35,7 +35,8 @@ export function surfaceOf(url: string): Surface {
 /** The admin route that answers with journal entries. */
 const JOURNAL_ROUTE = '/_mock/journal';
 
-const isDashboard = (url: string) => url === '/_mock/ui' || url.startsWith('/_mock/ui/') || url.startsWith('/_mock/ui?') || url.startsWith('/_mock/dashboard/');
+// The browser's icon request belongs with the page that caused it.
+const isDashboard = (url: string) => url === '/favicon.ico' || url === '/_mock/ui' || url.startsWith('/_mock/ui/') || url.startsWith('/_mock/ui?') || url.startsWith('/_mock/dashboard/');
 
 function decodedPath(url: string): string {
   const path = url.split('?')[0]!;
