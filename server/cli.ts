@@ -5,6 +5,7 @@ import { appendFileSync, chmodSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { EnginePool, findBaseModel, supportedModelNames, Tokenizers } from '../models/index.js';
 import { HubRepos } from './core/hub-repos.js';
+import { DataDirError } from './core/store.js';
 import { startServer } from './index.js';
 import { defaultCaDir, LocalCa } from './proxy/ca.js';
 import { asksForHelp, parseFlags, type FlagDefinition } from './parse-flags.js';
@@ -150,6 +151,7 @@ async function main(argv: string[]): Promise<void> {
     chmodSync(options.writeEnv, 0o600);
   }
   const notes = [`# loops-mock ${VERSION} listening on ${server.url}${options.dataDir ? `, state in ${options.dataDir}` : ', state in memory'}`];
+  notes.push(...server.notes.map((n) => `# ${n}`));
   if (server.ca) notes.push(`# proxy mode: HTTPS_PROXY intercepts api.baseten.co, *.api.baseten.co, app.baseten.co and huggingface.co with the CA ${server.ca.cert}${options.proxyPassthrough.length ? `; passes through ${options.proxyPassthrough.join(', ')}` : ''}; other hosts are refused`);
   const dashboardAccess = options.apiKeys.length === 0 ? (options.admin ? '' : ' (read-only: --admin adds controls)') : options.adminToken ? ' (sign in with the admin token)' : ' (refused: with --api-key it needs --admin-token)';
   notes.push(`# dashboard: ${server.url}/_mock/ui${dashboardAccess}`);
@@ -176,6 +178,11 @@ async function main(argv: string[]): Promise<void> {
 main(process.argv.slice(2)).catch((err: unknown) => {
   if (err instanceof ConfigError) {
     process.stderr.write(`loops-mock: ${err.message} (see loops-mock --help)\n`);
+    process.exit(2);
+  }
+  // The data dir's state cannot be used as it is: its one line names the file, the fault and the way out.
+  if (err instanceof DataDirError) {
+    process.stderr.write(`loops-mock: ${err.message}\n`);
     process.exit(2);
   }
   const code = (err as { code?: string }).code;

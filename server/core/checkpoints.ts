@@ -1,10 +1,10 @@
-import { createHmac, timingSafeEqual } from 'node:crypto';
+import { createHash, createHmac, timingSafeEqual } from 'node:crypto';
 import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import type { Clock } from './clock.js';
-import { invalid, LoopsError, notFound } from './errors.js';
+import { conflict, invalid, LoopsError, notFound } from './errors.js';
 import { newCheckpointId, newSecret } from './ids.js';
-import type { CheckpointRecord, CheckpointTarget, Principal, RunRecord } from './records.js';
+import type { CheckpointFileRecord, CheckpointRecord, CheckpointTarget, Principal, RunRecord } from './records.js';
 import type { Store } from './store.js';
 
 /** `weights` holds resumable trainer state, `sampler_weights` a servable PEFT adapter. */
@@ -46,23 +46,79 @@ export interface CheckpointFileInput {
 
 /** Where checkpoint bytes live: a folder per checkpoint under the data dir, or memory. */
 interface BlobStore {
-  write(id: string, files: CheckpointFileInput[]): void;
+  /** Puts the files in place; until `commit`, a crash leaves the version the record names. */
+  write(record: CheckpointRecord, files: CheckpointFileInput[]): void;
+  /** Called once the record is committed: the replaced version goes. */
+  commit(id: string): void;
+  /** Called when the record could not be committed: the version before comes back. */
+  abandon(id: string): void;
   read(id: string, relative: string): Buffer | undefined;
 }
 
 class MemoryBlobs implements BlobStore {
   private readonly blobs = new Map<string, Map<string, Buffer>>();
-  write(id: string, files: CheckpointFileInput[]): void {
-    this.blobs.set(id, new Map(files.map((f) => [f.relative_file_name, Buffer.from(f.data)])));
+  /** The version a save not yet committed replaced (undefined: none). */
+  private readonly replaced = new Map<string, Map<string, Buffer> | undefined>();
+  write(record: CheckpointRecord, files: CheckpointFileInput[]): void {
+    this.replaced.set(record.id, this.blobs.get(record.id));
+    this.blobs.set(record.id, new Map(files.map((f) => [f.relative_file_name, Buffer.from(f.data)])));
+  }
+  commit(id: string): void {
+    this.replaced.delete(id);
+  }
+  abandon(id: string): void {
+    const old = this.replaced.get(id);
+    this.replaced.delete(id);
+    if (old) this.blobs.set(id, old);
+    else this.blobs.delete(id);
   }
   read(id: string, relative: string): Buffer | undefined {
     return this.blobs.get(id)?.get(relative);
   }
 }
 
+/**
+ * A checkpoint folder's own copy of its record, written with its files. It
+ * cannot collide with a checkpoint file (those never start with '.'), and
+ * lets --rebuild-records give a folder its record back.
+ */
+export const MANIFEST_FILE = '.loops-mock-checkpoint.json';
+const MANIFEST_FORMAT = 'loops-mock-checkpoint/1';
+
+/** The record a checkpoint folder's manifest holds, or why there is none. */
+export function readManifest(folder: string): { record: CheckpointRecord } | { problem: string } {
+  const file = join(folder, MANIFEST_FILE);
+  if (!existsSync(file)) return { problem: `it has no ${MANIFEST_FILE} (saved by a loops-mock before manifests, or not a checkpoint)` };
+  let parsed: { format?: unknown; record?: Partial<CheckpointRecord> };
+  try {
+    parsed = JSON.parse(readFileSync(file, 'utf8'));
+  } catch (err) {
+    return { problem: `its ${MANIFEST_FILE} is not JSON (${(err as Error).message})` };
+  }
+  const r = parsed?.record;
+  if (parsed?.format !== MANIFEST_FORMAT || !r || typeof r.id !== 'string' || typeof r.run_id !== 'string' || typeof r.org_id !== 'string'
+    || (r.target !== 'trainer' && r.target !== 'sampler') || typeof r.name !== 'string' || !SAFE_NAME.test(r.name) || !Array.isArray(r.files)
+    || !r.files.every((f) => typeof f?.relative_file_name === 'string' && SAFE_FILE.test(f.relative_file_name) && Number.isInteger(f.size_bytes))) {
+    return { problem: `its ${MANIFEST_FILE} is not a ${MANIFEST_FORMAT} manifest` };
+  }
+  return { record: r as CheckpointRecord };
+}
+
+/** What recovery did with a checkpoints folder's entries. */
+export interface RecoveryReport {
+  /** Entries no record names and no save left unfinished: kept, not served. */
+  unrecorded: string[];
+}
+
 class DirectoryBlobs implements BlobStore {
   constructor(private readonly root: string) {}
-  write(id: string, files: CheckpointFileInput[]): void {
+
+  private marker(id: string): string {
+    return join(this.root, `.${id}.saving`);
+  }
+
+  write(record: CheckpointRecord, files: CheckpointFileInput[]): void {
+    const id = record.id;
     // Write into a scratch folder, then rename: a checkpoint folder is whole or absent.
     const scratch = join(this.root, `.${id}.partial`);
     rmSync(scratch, { recursive: true, force: true });
@@ -74,37 +130,82 @@ class DirectoryBlobs implements BlobStore {
       writeDurably(target, f.data);
     }
     mkdirSync(scratch, { recursive: true, mode: 0o700 });
+    writeDurably(join(scratch, MANIFEST_FILE), Buffer.from(JSON.stringify({ format: MANIFEST_FORMAT, record })));
+    // The marker says "a save of this id is under way": a folder it names that no committed record matches is that save's, and goes.
+    writeDurably(this.marker(id), new Uint8Array());
     // The files' names in their folders reach the disk too, before the folder takes its place.
     for (const folder of folders) syncFolder(folder);
     // Replacing: move the old folder aside first, so that some whole version exists at every instant.
     const target = join(this.root, id);
     const previous = join(this.root, `.${id}.previous`);
+    rmSync(previous, { recursive: true, force: true });
     if (existsSync(target)) renameSync(target, previous);
     renameSync(scratch, target);
     syncFolder(this.root);
-    rmSync(previous, { recursive: true, force: true });
+  }
+
+  commit(id: string): void {
+    rmSync(join(this.root, `.${id}.previous`), { recursive: true, force: true });
+    rmSync(this.marker(id), { force: true });
+    syncFolder(this.root);
+  }
+
+  abandon(id: string): void {
+    const target = join(this.root, id);
+    const previous = join(this.root, `.${id}.previous`);
+    rmSync(target, { recursive: true, force: true });
+    if (existsSync(previous)) renameSync(previous, target);
+    rmSync(this.marker(id), { force: true });
+    syncFolder(this.root);
   }
 
   /**
-   * Finishes or undoes a replacement that a crash interrupted, drops
-   * unfinished writes, and removes every folder no record names (written, but
-   * its record never committed: the save was never reported done).
+   * Finishes or undoes the saves a crash interrupted: a save whose record
+   * was committed keeps its new folder; one whose record never was (never
+   * reported done) gives way to the version before it, or to nothing. A
+   * scratch folder is always a save's unfinished write and goes. Anything
+   * else no record names is kept and reported: it may be a checkpoint whose
+   * record was lost, or the user's own file.
    */
-  recover(recorded: ReadonlySet<string>): void {
-    if (!existsSync(this.root)) return;
+  recover(records: ReadonlyMap<string, CheckpointRecord>): RecoveryReport {
+    if (!existsSync(this.root)) return { unrecorded: [] };
     for (const name of readdirSync(this.root)) {
+      const saving = /^\.(.+)\.saving$/.exec(name);
+      if (!saving) continue;
+      const id = saving[1]!;
+      const target = join(this.root, id);
+      const previous = join(this.root, `.${id}.previous`);
+      const written = existsSync(target) ? readManifest(target) : undefined;
+      const record = records.get(id);
+      const committed = record !== undefined && written !== undefined && 'record' in written && sameVersion(record, written.record);
+      if (committed) this.commit(id);
+      else if (record === undefined || existsSync(previous)) this.abandon(id);
+      // A record whose older folder was written before manifests, the save cut off before its move: that folder stays.
+      else rmSync(join(this.root, name), { force: true });
+    }
+    for (const name of readdirSync(this.root)) {
+      // Left by a loops-mock before markers: the old rule (restore it where the checkpoint's folder is gone).
       const previous = /^\.(.+)\.previous$/.exec(name);
       if (previous && !existsSync(join(this.root, previous[1]!))) renameSync(join(this.root, name), join(this.root, previous[1]!));
-      else if (previous || name.endsWith('.partial')) rmSync(join(this.root, name), { recursive: true, force: true });
+      else if (previous || /^\..+\.partial$/.test(name)) rmSync(join(this.root, name), { recursive: true, force: true });
     }
-    for (const name of readdirSync(this.root)) {
-      if (!name.startsWith('.') && !recorded.has(name)) rmSync(join(this.root, name), { recursive: true, force: true });
-    }
+    syncFolder(this.root);
+    return { unrecorded: readdirSync(this.root).filter((name) => !records.has(name)).sort() };
   }
+
   read(id: string, relative: string): Buffer | undefined {
     const file = join(this.root, id, relative);
     return existsSync(file) ? readFileSync(file) : undefined;
   }
+}
+
+/** Whether a folder's manifest is the version a record names (same save: same time and files). */
+function sameVersion(a: CheckpointRecord, b: CheckpointRecord): boolean {
+  return a.created_at === b.created_at && JSON.stringify(a.files) === JSON.stringify(b.files);
+}
+
+export function sha256Of(data: Uint8Array): string {
+  return createHash('sha256').update(data).digest('hex');
 }
 
 /** Written and flushed to the disk before it counts as written. */
@@ -143,12 +244,14 @@ export class Checkpoints {
   private readonly records = new Map<string, CheckpointRecord>();
   private readonly blobs: BlobStore;
   private readonly secret: string;
+  /** What the start found in the checkpoints folder (nothing without a data dir). */
+  readonly recovery: RecoveryReport = { unrecorded: [] };
 
   constructor(private readonly store: Store, private readonly clock: Clock, dataDir: string | undefined, private readonly presignTtlMs: number) {
     for (const c of store.load<CheckpointRecord>('checkpoint')) this.records.set(c.id, c);
     if (dataDir) {
       const blobs = new DirectoryBlobs(join(dataDir, 'checkpoints'));
-      blobs.recover(new Set(this.records.keys()));
+      this.recovery = blobs.recover(this.records);
       this.blobs = blobs;
     } else {
       this.blobs = new MemoryBlobs();
@@ -180,11 +283,17 @@ export class Checkpoints {
       name,
       created_at: now,
       lora_adapter_config: loraAdapterConfig,
-      files: files.map((f) => ({ relative_file_name: f.relative_file_name, size_bytes: f.data.byteLength, last_modified: now })),
+      files: files.map((f) => ({ relative_file_name: f.relative_file_name, size_bytes: f.data.byteLength, last_modified: now, sha256: sha256Of(f.data) })),
     };
-    this.blobs.write(record.id, files);
+    this.blobs.write(record, files);
+    try {
+      this.store.put('checkpoint', record.id, record);
+    } catch (err) {
+      this.blobs.abandon(record.id);
+      throw err;
+    }
     this.records.set(record.id, record);
-    this.store.put('checkpoint', record.id, record);
+    this.blobs.commit(record.id);
     return record;
   }
 
@@ -202,6 +311,8 @@ export class Checkpoints {
     }
     const c = this.find(parsed.runId, parsed.target, parsed.name);
     if (!c || c.org_id !== p.org_id) throw invalid(`${field} '${path}' does not name a checkpoint you can access: GET /v1/loops/checkpoints?run_id=${parsed.runId} lists that run's checkpoints.`, { field });
+    // Checked now, so that a damaged checkpoint is refused here rather than loaded into a trainer or sampler.
+    this.readFiles(c);
     return c;
   }
 
@@ -229,15 +340,28 @@ export class Checkpoints {
     return c;
   }
 
-  /** Every file of a checkpoint, by relative name. */
+  /** Every file of a checkpoint, by relative name, each checked against its size and checksum from the save. */
   readFiles(c: CheckpointRecord): Map<string, Uint8Array> {
     const out = new Map<string, Uint8Array>();
-    for (const f of c.files) {
-      const bytes = this.blobs.read(c.id, f.relative_file_name);
-      if (!bytes) throw notFound(`Checkpoint ${c.id} is missing its file '${f.relative_file_name}'.`);
-      out.set(f.relative_file_name, bytes);
-    }
+    for (const f of c.files) out.set(f.relative_file_name, this.readChecked(c, f));
     return out;
+  }
+
+  /**
+   * One file's bytes, or a 409 naming the checkpoint and file when they are
+   * not what the save wrote. Records from before checksums carry none: their
+   * files are checked by size only.
+   */
+  private readChecked(c: CheckpointRecord, f: CheckpointFileRecord): Buffer {
+    const bytes = this.blobs.read(c.id, f.relative_file_name);
+    const damaged = (what: string) => conflict(
+      `Checkpoint ${checkpointPath(c)} (id ${c.id}) is damaged: its file '${f.relative_file_name}' ${what}. It cannot be loaded, served or downloaded; save it again from a trainer (or put the original file back).`,
+      { type_detail: 'checkpoint_damaged', checkpoint_id: c.id, relative_file_name: f.relative_file_name },
+    );
+    if (!bytes) throw damaged('is missing from its folder');
+    if (bytes.byteLength !== f.size_bytes) throw damaged(`is ${bytes.byteLength} bytes; the save wrote ${f.size_bytes}`);
+    if (f.sha256 !== undefined && sha256Of(bytes) !== f.sha256) throw damaged('does not match the SHA-256 recorded when it was saved');
+    return bytes;
   }
 
   totalBytes(runIds: Set<string>): number {
@@ -273,9 +397,9 @@ export class Checkpoints {
     if (expected.length !== given.length || !timingSafeEqual(expected, given)) throw denied();
     if (this.clock.now() > expires) throw new LoopsError('forbidden', 'The download URL has expired. Ask GET /v1/loops/checkpoints/{checkpoint_id}/files for a fresh URL.');
     if (caller && caller.org_id !== c.org_id) throw new LoopsError('forbidden', 'This download URL belongs to another organisation.');
-    const bytes = this.blobs.read(c.id, relative);
-    if (!bytes) throw notFound(`Checkpoint ${c.id} has no file '${relative}'.`);
-    return bytes;
+    const file = c.files.find((f) => f.relative_file_name === relative);
+    if (!file) throw notFound(`Checkpoint ${c.id} has no file '${relative}'.`);
+    return this.readChecked(c, file);
   }
 
   private sign(c: CheckpointRecord, relative: string, expires: number): string {

@@ -83,11 +83,14 @@ export class LoopsCore {
   private stopping = new AbortController();
   private readonly resetListeners: (() => void)[] = [];
   private readonly lifecycleListeners: ((line: LogRecord) => void)[] = [];
+  private readonly storageListeners: ((level: 'warn' | 'info', message: string) => void)[] = [];
+  private readonly tellStorage = (level: 'warn' | 'info', message: string) => { for (const l of this.storageListeners) l(level, message); };
 
   constructor(private readonly options: CoreOptions = {}) {
     this.clock = options.clock ?? new RealClock();
     this.engines = options.engines ?? new EnginePool();
     this.journal = new Journal(options.journalSize ?? 10_000, options.journalFile, options.journalDetail);
+    this.journal.fileFailures.tellTo(this.tellStorage);
     this.hub = new HubRepos(this.engines);
     this.startupSettings = { ...DEFAULT_SETTINGS, ...options.settings };
     this.build();
@@ -97,7 +100,7 @@ export class LoopsCore {
     const o = this.options;
     this.settings = structuredClone(this.startupSettings);
     this.stopping = new AbortController();
-    this.store = new Store(o.dataDir);
+    this.store = new Store(o.dataDir, this.tellStorage);
     this.accounts = new Accounts(this.store, this.clock, o.apiKeys ?? []);
     this.logs = new DeploymentLogs(this.store, this.clock, (line) => { for (const l of this.lifecycleListeners) l(line); });
     this.traffic = new Traffic(this.clock);
@@ -145,6 +148,11 @@ export class LoopsCore {
   /** Told of every lifecycle event (run created, sampler ACTIVE, a publication live on a replica, a run stopped...), across resets. */
   onLifecycle(listener: (line: LogRecord) => void): void {
     this.lifecycleListeners.push(listener);
+  }
+
+  /** Told when background writes (log lines, the journal file) start failing, and when they work again; across resets. */
+  onStorageNotice(listener: (level: 'warn' | 'info', message: string) => void): void {
+    this.storageListeners.push(listener);
   }
 
   /** Runs after each reset, on the fresh parts (the start-up scenario is applied again this way). */

@@ -1,5 +1,6 @@
 import type { Clock } from './clock.js';
 import type { LogLevel, LogRecord } from './records.js';
+import { StorageError } from './storage-errors.js';
 import type { LogQuery, Store } from './store.js';
 
 /**
@@ -12,7 +13,14 @@ export class DeploymentLogs {
 
   add(deploymentId: string, level: LogLevel, message: string, replica: string | null = null, requestId: string | null = null): void {
     const line = { deployment_id: deploymentId, ts_ms: this.clock.now(), level, message, replica, request_id: requestId };
-    this.store.appendLog(line);
+    try {
+      this.store.appendLog(line);
+    } catch (err) {
+      // Inside a transaction the failure fails the whole change (its caller answers it); alone, a log line is
+      // never worth failing or crashing for: most are written after their request was answered. Counted, told once.
+      if (!(err instanceof StorageError) || this.store.inTransaction) throw err;
+      this.store.background.failed(err);
+    }
     if (requestId === null) this.onLifecycle(line);
   }
 

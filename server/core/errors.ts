@@ -9,7 +9,9 @@ export type ErrorKind =
   | 'not_found'
   | 'conflict'
   | 'payload_too_large'
-  | 'unavailable';
+  | 'unavailable'
+  /** The data dir refused a write (full, or an I/O error): see storage-errors.ts. */
+  | 'insufficient_storage';
 
 export class LoopsError extends Error {
   constructor(

@@ -4,6 +4,7 @@ import type { Checkpoints } from './checkpoints.js';
 import type { Clock, Timer } from './clock.js';
 import type { DeploymentLogs } from './deployment-logs.js';
 import { invalid, notFound } from './errors.js';
+import { StorageError } from './storage-errors.js';
 import { newModelId, newResourceId } from './ids.js';
 import type {
   DeploymentRecord, DeploymentStatus, Ownership, Principal, RunRecord, SamplerRecord, SamplerStatus, SessionRecord,
@@ -572,7 +573,13 @@ export class Fleet {
   private after(ms: number, fn: () => void): void {
     const timer = this.clock.setTimer(ms, () => {
       this.timers.delete(timer);
-      fn();
+      try {
+        fn();
+      } catch (err) {
+        // A timed change (cold start, idle scale-down) nobody waits on: a write the disk refused is counted and told, never a crash.
+        if (!(err instanceof StorageError)) throw err;
+        this.store.background.failed(err);
+      }
     });
     this.timers.add(timer);
   }

@@ -1,4 +1,5 @@
-import { appendFileSync } from 'node:fs';
+import { closeSync, fstatSync, ftruncateSync, openSync, writeSync } from 'node:fs';
+import { BackgroundWriteFailures } from './storage-errors.js';
 
 /**
  * Where a request went: a Loops plane, the admin API, the Hugging Face
@@ -89,8 +90,12 @@ export class Journal {
   /** Entries the ring buffer let go of, oldest first. */
   private dropped = 0;
   private readonly listeners: ((entry: JournalEntry) => void)[] = [];
+  /** Lines the journal file refused (a full disk, a removed folder): counted, told once (core.onStorageNotice). */
+  readonly fileFailures: BackgroundWriteFailures;
 
-  constructor(private readonly capacity: number, private readonly file?: string, readonly detail: JournalDetail = 'summary') {}
+  constructor(private readonly capacity: number, private readonly file?: string, readonly detail: JournalDetail = 'summary') {
+    this.fileFailures = new BackgroundWriteFailures(`The journal file ${file ?? ''}`);
+  }
 
   /** A body as this journal keeps it. */
   keep(body: unknown): unknown {
@@ -139,9 +144,11 @@ export class Journal {
     }
     if (this.file) {
       try {
-        appendFileSync(this.file, `${text ?? JSON.stringify(entry)}\n`);
-      } catch {
-        // A journal file that cannot be written must never fail the request it records.
+        appendWholeLine(this.file, `${text ?? JSON.stringify(entry)}\n`);
+        this.fileFailures.succeeded();
+      } catch (err) {
+        // A journal file that cannot be written must never fail the request it records (already answered).
+        this.fileFailures.failed(err);
       }
     }
   }
@@ -172,6 +179,23 @@ export class Journal {
     this.entries = [];
     this.dropped = 0;
     this.chars = 0;
+  }
+}
+
+/** Appends a line, or nothing: a write cut short (a full disk) is cut back off, so the NDJSON never holds half a line. */
+function appendWholeLine(file: string, line: string): void {
+  const bytes = Buffer.from(line);
+  const fd = openSync(file, 'a');
+  try {
+    const size = fstatSync(fd).size;
+    try {
+      for (let at = 0; at < bytes.length;) at += writeSync(fd, bytes, at, bytes.length - at);
+    } catch (err) {
+      ftruncateSync(fd, size);
+      throw err;
+    }
+  } finally {
+    closeSync(fd);
   }
 }
 

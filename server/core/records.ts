@@ -115,6 +115,8 @@ export interface CheckpointFileRecord {
   relative_file_name: string;
   size_bytes: number;
   last_modified: number;
+  /** Hex SHA-256 of the bytes saved; absent in records saved before checksums (those are checked by size only). */
+  sha256?: string;
 }
 
 export interface CheckpointRecord extends Ownership {

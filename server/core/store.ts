@@ -4,6 +4,22 @@ import { join } from 'node:path';
 import type { LogLevel, LogRecord } from './records.js';
 import { LOG_LEVELS } from './records.js';
 
+/**
+ * The data dir cannot be used as it is (an unreadable database, a broken
+ * record, checkpoint folders without their database): the start stops with
+ * this one line, which names the file, what is wrong and the way out.
+ */
+export class DataDirError extends Error {
+  override readonly name = 'DataDirError';
+}
+
+/** The two ways past a data dir that cannot be used (server/core/data-dir.ts); neither deletes anything. */
+export const WAYS_OUT = 'Start with --rebuild-records to set the database aside and rebuild the checkpoints\' records from their folders, or with --data-dir-fresh to set the database and checkpoints aside and start empty (nothing is deleted).';
+
+function unreadableDatabase(file: string, err: unknown): DataDirError {
+  return new DataDirError(`${file} cannot be read as a loops-mock database: ${(err as Error).message}. ${WAYS_OUT}`);
+}
+
 export type RecordKind =
   | 'org' | 'team' | 'user' | 'session' | 'run' | 'deployment' | 'sampler' | 'checkpoint' | 'user_config' | 'model_deployment';
 
@@ -48,18 +64,23 @@ export class Store {
       chmodSync(this.file, 0o600);
     }
     this.db = new Database(this.file);
-    if (dataDir) {
-      this.db.pragma('journal_mode = WAL');
-      this.db.pragma('synchronous = FULL');
+    try {
+      if (dataDir) {
+        this.db.pragma('journal_mode = WAL');
+        this.db.pragma('synchronous = FULL');
+      }
+      this.db.exec(`
+        CREATE TABLE IF NOT EXISTS records (kind TEXT NOT NULL, id TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (kind, id));
+        CREATE TABLE IF NOT EXISTS logs (
+          seq INTEGER PRIMARY KEY AUTOINCREMENT, deployment_id TEXT NOT NULL, ts_ms INTEGER NOT NULL,
+          level TEXT NOT NULL, level_rank INTEGER NOT NULL, message TEXT NOT NULL, replica TEXT, request_id TEXT);
+        CREATE INDEX IF NOT EXISTS logs_by_deployment ON logs (deployment_id, ts_ms);
+        CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+      `);
+    } catch (err) {
+      this.db.close();
+      throw unreadableDatabase(this.file, err);
     }
-    this.db.exec(`
-      CREATE TABLE IF NOT EXISTS records (kind TEXT NOT NULL, id TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (kind, id));
-      CREATE TABLE IF NOT EXISTS logs (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT, deployment_id TEXT NOT NULL, ts_ms INTEGER NOT NULL,
-        level TEXT NOT NULL, level_rank INTEGER NOT NULL, message TEXT NOT NULL, replica TEXT, request_id TEXT);
-      CREATE INDEX IF NOT EXISTS logs_by_deployment ON logs (deployment_id, ts_ms);
-      CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-    `);
     this.upsert = this.db.prepare('INSERT INTO records (kind, id, data) VALUES (?, ?, ?) ON CONFLICT (kind, id) DO UPDATE SET data = excluded.data');
     this.insertLog = this.db.prepare(
       'INSERT INTO logs (deployment_id, ts_ms, level, level_rank, message, replica, request_id) VALUES (?, ?, ?, ?, ?, ?, ?)',
@@ -81,9 +102,21 @@ export class Store {
     return this.file !== ':memory:';
   }
 
+  /** Every record of a kind; a database or record that cannot be read stops the start with a DataDirError. */
   load<T>(kind: RecordKind): T[] {
-    const rows = this.db.prepare('SELECT data FROM records WHERE kind = ? ORDER BY rowid').all(kind) as { data: string }[];
-    return rows.map((r) => JSON.parse(r.data) as T);
+    let rows: { id: string; data: string }[];
+    try {
+      rows = this.db.prepare('SELECT id, data FROM records WHERE kind = ? ORDER BY rowid').all(kind) as { id: string; data: string }[];
+    } catch (err) {
+      throw unreadableDatabase(this.file, err);
+    }
+    return rows.map((r) => {
+      try {
+        return JSON.parse(r.data) as T;
+      } catch (err) {
+        throw new DataDirError(`${this.file}: the ${kind} record ${r.id} is not JSON (${(err as Error).message}). ${WAYS_OUT}`);
+      }
+    });
   }
 
   put(kind: RecordKind, id: string, value: unknown): void {

@@ -71,7 +71,7 @@ const SDL = `
 
 
 /** GraphQL error codes of the core's error kinds (truss reads `extensions.code` and `extensions.description`). */
-const CODES: Record<string, string> = { invalid_request: 'BAD_USER_INPUT', not_found: 'NOT_FOUND', forbidden: 'FORBIDDEN', unauthorized: 'UNAUTHENTICATED', conflict: 'CONFLICT' };
+const CODES: Record<string, string> = { invalid_request: 'BAD_USER_INPUT', not_found: 'NOT_FOUND', forbidden: 'FORBIDDEN', unauthorized: 'UNAUTHENTICATED', conflict: 'CONFLICT', insufficient_storage: 'INSUFFICIENT_STORAGE' };
 
 export interface GraphqlContext {
   principal: Principal;

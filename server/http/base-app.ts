@@ -162,6 +162,7 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
   // Shutdown and reset end the server's log lines with the server, not in the middle of a test's output.
   app.addHook('onClose', async () => {
     unlisten();
+  core.onStorageNotice((level, message) => (level === 'info' ? log.info(message) : log.warn(message)));
     log.flush?.();
   });
   // Root-level hooks: they run for every front door registered later.
