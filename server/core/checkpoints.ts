@@ -5,6 +5,7 @@ import type { Clock } from './clock.js';
 import { conflict, invalid, LoopsError, notFound } from './errors.js';
 import { newCheckpointId, newSecret } from './ids.js';
 import type { CheckpointFileRecord, CheckpointRecord, CheckpointTarget, Principal, RunRecord } from './records.js';
+import { asStorageError } from './storage-errors.js';
 import type { Store } from './store.js';
 
 /** `weights` holds resumable trainer state, `sampler_weights` a servable PEFT adapter. */
@@ -118,6 +119,24 @@ class DirectoryBlobs implements BlobStore {
   }
 
   write(record: CheckpointRecord, files: CheckpointFileInput[]): void {
+    let placed = false;
+    try {
+      this.place(record, files, () => { placed = true; });
+    } catch (err) {
+      // A write refused part way (a full disk) leaves no scratch folder holding space, and the version it replaces in place.
+      rmSync(join(this.root, `.${record.id}.partial`), { recursive: true, force: true });
+      if (placed) this.abandon(record.id);
+      else {
+        const target = join(this.root, record.id);
+        const previous = join(this.root, `.${record.id}.previous`);
+        if (!existsSync(target) && existsSync(previous)) renameSync(previous, target);
+        rmSync(this.marker(record.id), { force: true });
+      }
+      throw err;
+    }
+  }
+
+  private place(record: CheckpointRecord, files: CheckpointFileInput[], onPlaced: () => void): void {
     const id = record.id;
     // Write into a scratch folder, then rename: a checkpoint folder is whole or absent.
     const scratch = join(this.root, `.${id}.partial`);
@@ -141,6 +160,7 @@ class DirectoryBlobs implements BlobStore {
     rmSync(previous, { recursive: true, force: true });
     if (existsSync(target)) renameSync(target, previous);
     renameSync(scratch, target);
+    onPlaced();
     syncFolder(this.root);
   }
 
@@ -244,10 +264,13 @@ export class Checkpoints {
   private readonly records = new Map<string, CheckpointRecord>();
   private readonly blobs: BlobStore;
   private readonly secret: string;
+  /** Where messages say the disk failed. */
+  private readonly where: string;
   /** What the start found in the checkpoints folder (nothing without a data dir). */
   readonly recovery: RecoveryReport = { unrecorded: [] };
 
   constructor(private readonly store: Store, private readonly clock: Clock, dataDir: string | undefined, private readonly presignTtlMs: number) {
+    this.where = dataDir ?? '(memory)';
     for (const c of store.load<CheckpointRecord>('checkpoint')) this.records.set(c.id, c);
     if (dataDir) {
       const blobs = new DirectoryBlobs(join(dataDir, 'checkpoints'));
@@ -257,8 +280,10 @@ export class Checkpoints {
       this.blobs = new MemoryBlobs();
     }
     // The signing secret survives restarts, so URLs handed out stay valid until they expire.
-    this.secret = store.getMeta('presign_secret') ?? newSecret();
-    store.setMeta('presign_secret', this.secret);
+    const kept = store.getMeta('presign_secret');
+    this.secret = kept ?? newSecret();
+    // Written once: a restart on a full disk has nothing to write here.
+    if (kept === undefined) store.setMeta('presign_secret', this.secret);
   }
 
   /**
@@ -285,12 +310,20 @@ export class Checkpoints {
       lora_adapter_config: loraAdapterConfig,
       files: files.map((f) => ({ relative_file_name: f.relative_file_name, size_bytes: f.data.byteLength, last_modified: now, sha256: sha256Of(f.data) })),
     };
-    this.blobs.write(record, files);
+    // A full disk refusing the files or the record is an error naming the disk and this checkpoint (never done).
+    const what = `the ${target} checkpoint '${name}'`;
+    try {
+      this.blobs.write(record, files);
+    } catch (err) {
+      const mapped = asStorageError(err, this.where, what);
+      if (mapped !== err) this.store.noteRefused();
+      throw mapped;
+    }
     try {
       this.store.put('checkpoint', record.id, record);
     } catch (err) {
       this.blobs.abandon(record.id);
-      throw err;
+      throw asStorageError(err, this.where, what);
     }
     this.records.set(record.id, record);
     this.blobs.commit(record.id);

@@ -3,6 +3,7 @@ import { chmodSync, closeSync, mkdirSync, openSync } from 'node:fs';
 import { join } from 'node:path';
 import type { LogLevel, LogRecord } from './records.js';
 import { LOG_LEVELS } from './records.js';
+import { asStorageError, BackgroundWriteFailures, StorageError } from './storage-errors.js';
 
 /**
  * The data dir cannot be used as it is (an unreadable database, a broken
@@ -42,7 +43,9 @@ export interface LogQuery {
  * Durable record storage on SQLite: in memory without a data dir, a file in it
  * with one. Records are JSON documents keyed by (kind, id); every write is its
  * own transaction, or part of a caller's `transaction`, so a crash never
- * leaves half a change behind.
+ * leaves half a change behind. A write the disk refuses (full, I/O error)
+ * throws a StorageError (507) and leaves the database as it was; the next
+ * write is tried afresh, so writes resume by themselves once there is room.
  */
 export class Store {
   readonly file: string;
@@ -53,8 +56,18 @@ export class Store {
   /** Lines written per deployment since its last trim: every LOG_TRIM_EVERY lines its oldest beyond LOGS_PER_DEPLOYMENT go. */
   private readonly sinceTrim = new Map<string, number>();
   private writes = 0;
+  /** Writes the disk refused (full, I/O error), and whether the latest write was one. */
+  private refused = 0;
+  private lastWriteRefused = false;
+  /** Where messages say the disk failed. */
+  private readonly where: string;
+  /** Writes nobody waited for that failed (log lines after their request was answered, timed status changes). */
+  readonly background: BackgroundWriteFailures;
 
-  constructor(dataDir?: string) {
+  /** @param tell where the background failures' two notices go (the server log) */
+  constructor(dataDir?: string, tell?: (level: 'warn' | 'info', message: string) => void) {
+    this.where = dataDir ?? '(memory)';
+    this.background = new BackgroundWriteFailures(`A background write to the data dir ${this.where}`, tell);
     this.file = dataDir ? join(dataDir, 'loops-mock.sqlite') : ':memory:';
     if (dataDir) {
       // Owner-only: the database holds the presign secret. SQLite gives its -wal and -shm files the database's mode.
@@ -121,17 +134,23 @@ export class Store {
 
   put(kind: RecordKind, id: string, value: unknown): void {
     this.writes++;
-    this.upsert.run(kind, id, JSON.stringify(value));
+    const data = JSON.stringify(value);
+    this.guard(`the ${kind} record ${id}`, () => this.upsert.run(kind, id, data));
   }
 
-  /** Runs `fn` atomically: all of its writes land, or none. */
+  /** Runs `fn` atomically: all of its writes land, or none (a refused commit rolls all of them back). */
   transaction<T>(fn: () => T): T {
-    return this.db.transaction(fn)();
+    return this.guard('this change', () => this.db.transaction(fn)());
+  }
+
+  /** Inside a `transaction`: a failed write there fails all of it, so callers must not swallow one. */
+  get inTransaction(): boolean {
+    return this.db.inTransaction;
   }
 
   appendLog(log: LogRecord): void {
     this.writes++;
-    this.insertLog.run(log.deployment_id, log.ts_ms, log.level, LOG_LEVELS.indexOf(log.level), log.message, log.replica, log.request_id);
+    this.guard(`the log line of deployment ${log.deployment_id}`, () => this.insertLog.run(log.deployment_id, log.ts_ms, log.level, LOG_LEVELS.indexOf(log.level), log.message, log.replica, log.request_id));
     // Every request writes a line: a long-lived deployment keeps its newest LOGS_PER_DEPLOYMENT, trimmed now and then.
     const n = (this.sinceTrim.get(log.deployment_id) ?? 0) + 1;
     if (n < LOG_TRIM_EVERY) {
@@ -139,7 +158,7 @@ export class Store {
       return;
     }
     this.sinceTrim.set(log.deployment_id, 0);
-    this.trimLogs.run(log.deployment_id, log.deployment_id, LOGS_PER_DEPLOYMENT);
+    this.guard(`the trim of deployment ${log.deployment_id}'s logs`, () => this.trimLogs.run(log.deployment_id, log.deployment_id, LOGS_PER_DEPLOYMENT));
   }
 
   queryLogs(q: LogQuery): LogRecord[] {
@@ -162,7 +181,36 @@ export class Store {
 
   setMeta(key: string, value: string): void {
     this.writes++;
-    this.db.prepare('INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value').run(key, value);
+    this.guard(`the setting ${key}`, () => this.db.prepare('INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value').run(key, value));
+  }
+
+  /** Runs one write: a disk failure becomes a StorageError naming the data dir; a success after failures says so once. */
+  private guard<T>(what: string, write: () => T): T {
+    let out: T;
+    try {
+      out = write();
+    } catch (err) {
+      // The innermost write names what failed; a transaction around it passes that on.
+      const mapped = err instanceof StorageError ? err : asStorageError(err, this.where, what);
+      if (mapped instanceof StorageError && mapped !== err) this.noteRefused();
+      throw mapped;
+    }
+    if (!this.db.inTransaction) {
+      this.lastWriteRefused = false;
+      this.background.succeeded();
+    }
+    return out;
+  }
+
+  /** A write the disk refused, here or beside the database (a checkpoint's files). */
+  noteRefused(): void {
+    this.refused++;
+    this.lastWriteRefused = true;
+  }
+
+  /** What /healthz tells of the data dir: whether the last write went through, and how many the disk refused. */
+  get health(): { writable: boolean; refused_writes: number; background_write_failures: number } {
+    return { writable: !this.lastWriteRefused, refused_writes: this.refused, background_write_failures: this.background.failures };
   }
 
   close(): void {
