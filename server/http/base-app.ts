@@ -155,6 +155,7 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
   installErrorHandler(app, options.bodyLimit);
   core.journal.onRecord((entry) => logRequest(log, entry));
   core.onLifecycle((line) => (line.level === 'INFO' ? log.info(line.message) : log.warn(line.message)));
+  core.onStorageNotice((level, message) => (level === 'info' ? log.info(message) : log.warn(message)));
   // Engines may outlive this app (shared by a test suite's servers): stop listening when it closes.
   const unlisten = core.engines.onGraphBuild((e) => log.info(e.phase === 'start'
     ? `${e.model}: building the '${e.kind}' graph${e.mixed ? ' for rows of several runs' : ''} (first use; a moment)`
@@ -162,7 +163,6 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
   // Shutdown and reset end the server's log lines with the server, not in the middle of a test's output.
   app.addHook('onClose', async () => {
     unlisten();
-  core.onStorageNotice((level, message) => (level === 'info' ? log.info(message) : log.warn(message)));
     log.flush?.();
   });
   // Root-level hooks: they run for every front door registered later.

@@ -11,9 +11,9 @@ export const STATUS_OF: Record<ErrorKind, number> = {
   conflict: 409,
   payload_too_large: 413,
   unavailable: 503,
-};
   // RFC 4918's Insufficient Storage: the write was refused for want of disk, reads still answer.
   insufficient_storage: 507,
+};
 
 export function sendError(reply: FastifyReply, status: number, type: string, message: string, details: Record<string, unknown> = {}): FastifyReply {
   return reply.code(status).type('application/json').send({ error: { type, message, ...details } });
