@@ -13,7 +13,7 @@ interface StartupOptions {
   port: number;
   host: string;
   /** Host names answered beyond localhost, IP addresses and the bound --host (server/http/allowed-hosts.ts). */
-  allowedHosts: string[];
+  allowedHost: string[];
   /** The URL put into `base_url` fields; defaults to where the server listens. */
   publicUrl?: string;
   /** Durable state lives here; without it, in memory. */
@@ -218,10 +218,10 @@ function liveRows(): SettingRow[] {
   });
 }
 
-const LISTENING_ROWS: StartupRowSpecs<'port' | 'host' | 'allowedHosts' | 'publicUrl' | 'dataDir' | 'dataDirFresh' | 'rebuildRecords' | 'apiKeys' | 'logLevel' | 'logFormat' | 'bodyLimit' | 'headersTimeoutMs' | 'bodyTimeoutMs'> = {
+const LISTENING_ROWS: StartupRowSpecs<'port' | 'host' | 'allowedHost' | 'publicUrl' | 'dataDir' | 'dataDirFresh' | 'rebuildRecords' | 'apiKeys' | 'logLevel' | 'logFormat' | 'bodyLimit' | 'headersTimeoutMs' | 'bodyTimeoutMs'> = {
   port: { flag: 'port', default: 8787, help: 'port to listen on; 0 picks a free one', parse: parsePort },
   host: { flag: 'host', default: '127.0.0.1', help: 'address to listen on', parse: notEmpty('host') },
-  allowedHosts: {
+  allowedHost: {
     flag: 'allowed-host', default: [], shown: 'none', repeatable: 'adds to env',
     help: "HOST[,HOST...]: more names clients reach the server by (the Host header), e.g. the machine's name with --host 0.0.0.0 or a container's service name; localhost, IP addresses, the --host and --public-url names (and Baseten's hosts with --proxy) are always answered, other names get 403 (a guard against DNS rebinding)",
     parse: (v, hosts) => [...hosts, ...v.split(',').map(parseHostName('allowed-host'))],

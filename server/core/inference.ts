@@ -5,6 +5,7 @@ import type { DeploymentLogs } from './deployment-logs.js';
 import type { ModelDeployments } from './model-deployments.js';
 import type { ModelDeploymentRecord, Principal } from './records.js';
 import type { Settings } from './settings.js';
+import { MIN_TEMPERATURE } from './value-ranges.js';
 
 /**
  * An error of the inference front door. `edge` ones are what Baseten's
@@ -203,6 +204,7 @@ export class Inference {
     const maxTokens = optionalInt(b, field, 1, Infinity) ?? (kind === 'chat' ? room : 16);
     if (maxTokens > room) throw bad(field, `${field} ${maxTokens} is too large: the prompt is ${prompt.length} tokens of at most ${maxLength}, and one request may ask for at most ${this.settings.maxTokensLimit}; ask for at most ${room}.`);
     const temperature = optionalNumber(b, 'temperature', 0, 2) ?? 1;
+    if (temperature > 0 && temperature < MIN_TEMPERATURE) throw bad('temperature', `temperature ${temperature} is too small to sample with: use 0 for greedy sampling, or at least ${MIN_TEMPERATURE}.`);
     const topP = optionalNumber(b, 'top_p', Number.MIN_VALUE, 1) ?? 1;
     const topKRaw = optionalInt(b, 'top_k', -1, Infinity) ?? -1;
     const n = optionalInt(b, 'n', 1, 16) ?? 1;

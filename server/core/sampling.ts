@@ -7,6 +7,7 @@ import { imageRule, modelInputTokens, type ModelInputWire } from './model-input.
 import type { SamplerRecord } from './records.js';
 import type { SamplerReplicas, Served } from './replicas.js';
 import type { Settings } from './settings.js';
+import { checkTemperature } from './value-ranges.js';
 
 /** What a sampling request asks of the replicas: a version floor (X-Min-Policy-Version) and an affinity key (X-Affinity-Key). */
 export interface Pin {
@@ -44,7 +45,7 @@ export class Sampling {
   async sample(s: SamplerRecord, body: SampleBody, pin: Pin) {
     this.ready(s);
     const tokens = this.promptTokens(s, body.prompt);
-    const params = this.params(s, body.sampling_params ?? {}, tokens.length);
+    const params = this.params(s, body.sampling_params ?? {}, tokens.length, 'sampling_params.');
     const k = body.topk_prompt_logprobs ?? 0;
     const served = await this.replicas.serve(s, pin.floor, pin.affinityKey, async (adapter) => ({
       sequences: await this.draw(s, adapter, tokens, body.num_samples ?? 1, params),
@@ -75,7 +76,7 @@ export class Sampling {
     if (body.model !== undefined && !served.includes(body.model)) throw new LoopsError('not_found', `model '${body.model}' is not served here; GET {sampler}/v1/models lists ${served.join(', ')}.`, { field: 'model' });
     const tok = this.engines.tokenizers.get(s.base_model);
     const tokens = this.promptTokens(s, { chunks: [{ type: 'encoded_text', tokens: typeof body.prompt === 'string' ? tok.encode(body.prompt) : body.prompt }] });
-    const params = this.params(s, { max_tokens: body.max_tokens ?? 16, temperature: body.temperature ?? 1, top_p: body.top_p ?? 1, top_k: body.top_k ?? -1, seed: body.seed ?? null, stop: body.stop }, tokens.length);
+    const params = this.params(s, { max_tokens: body.max_tokens ?? 16, temperature: body.temperature ?? 1, top_p: body.top_p ?? 1, top_k: body.top_k ?? -1, seed: body.seed ?? null, stop: body.stop }, tokens.length, '');
     const wantLogprobs = body.logprobs !== undefined && body.logprobs !== null;
     const result = await this.replicas.serve(s, pin.floor, pin.affinityKey, async (adapter) => ({
       sequences: await this.draw(s, adapter, tokens, body.n ?? 1, params),
@@ -127,7 +128,7 @@ export class Sampling {
   }
 
   /** The request's sampling parameters over the SDK's defaults, within the sampler's token budget. */
-  private params(s: SamplerRecord, given: SamplingParamsWire, promptLength: number): SamplingParams {
+  private params(s: SamplerRecord, given: SamplingParamsWire, promptLength: number, at: string): SamplingParams {
     const set = Object.fromEntries(Object.entries(given).filter(([, v]) => v !== undefined && v !== null));
     const merged = { ...SAMPLING_DEFAULTS, ...set } as SamplingParams;
     const stop = given.stop === undefined || given.stop === null ? [] : Array.isArray(given.stop) ? given.stop : [given.stop];
@@ -136,6 +137,7 @@ export class Sampling {
     const limit = Math.min(cap, length - promptLength);
     if (merged.max_tokens > limit) throw invalid(`max_tokens ${merged.max_tokens} is over this sampler's limit of ${limit} (max_seq_length ${length} minus the ${promptLength}-token prompt, at most ${cap}).`, { field: 'max_tokens' });
     if (merged.top_k === 0) throw invalid('top_k must be -1 (off) or at least 1.', { field: 'top_k' });
+    checkTemperature(merged.temperature, `${at}temperature`);
     return { ...merged, stop };
   }
 

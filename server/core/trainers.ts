@@ -10,6 +10,7 @@ import { assertSafeCheckpointName, parseCheckpointPath } from './checkpoints.js'
 import { invalid, LoopsError } from './errors.js';
 import { imageRule, modelInputTokens } from './model-input.js';
 import { OperationFailure, type Operation, type Operations } from './operations.js';
+import { checkLossConfigRanges, checkLossInputRanges, MAX_LEARNING_RATE, MAX_LORA_ALPHA, MIN_ADAM_EPS, nonFiniteIn } from './value-ranges.js';
 import type { Principal, RunRecord } from './records.js';
 import type { SamplerWeights } from './sampler-weights.js';
 
@@ -101,18 +102,29 @@ export class Trainers {
       case 'forward_backward': {
         const { data, loss, config, topK } = this.checkPass(run, request.body);
         return async (t) => {
+          const training = op === 'forward_backward';
+          const before = training ? copyGradients(t) : null;
           const r = op === 'forward' ? await t.forward(data, loss, config, { topK }) : await t.forwardBackward(data, loss, config, { topK });
-          return {
+          const result = {
             loss: r.loss,
             loss_fn_outputs: r.logprobs.map((lp, i) => ({ logprobs: { data: Array.from(lp), dtype: 'float32', shape: [lp.length] }, ...(r.top ? topTensors(r.top[i]!, topK) : {}) })),
             metrics: r.metrics,
           };
+          // A result with NaN or Infinity would read as nulls; gradients that hold one would poison the next step.
+          const bad = nonFiniteIn(result, 'result') ?? (training ? nonFiniteGradient(t) : null);
+          if (bad) {
+            if (training) restoreGradients(t, before);
+            throw new OperationFailure('ValueError', `${op} overflowed float32: ${bad}. The adapter's scale (lora_alpha ${t.adapter.alpha} over rank ${t.adapter.rank}), its weights after the steps so far, or the datums' values are too large for the model to compute with${training ? '; the gradients of this call were dropped, those accumulated before it kept' : ''}. Lower them (or load_state a checkpoint from before the weights grew).`);
+          }
+          return result;
         };
       }
       case 'optim_step': {
         const hp = checkAdam(request.body.adam_params ?? {});
         return async (t) => {
           const metrics = t.optimStep(hp);
+          const bad = nonFiniteIn(metrics, 'metrics');
+          if (bad) throw new OperationFailure('ValueError', `optim_step overflowed float32: ${bad}. The gradients or adam_params are too large for the weights to stay finite; load_state a checkpoint from before this step and lower learning_rate.`);
           return { metrics, policy_version: this.nextVersion(run) };
         };
       }
@@ -152,7 +164,7 @@ export class Trainers {
         const rank = request.body.lora_rank;
         const alpha = request.body.lora_alpha ?? 32;
         if (rank < 1 || rank > MAX_LORA_RANK) throw invalid(`lora_rank ${rank} is out of range: use 1..${MAX_LORA_RANK}.`, { field: 'lora_rank' });
-        if (!(alpha > 0)) throw invalid(`lora_alpha must be > 0 (got ${alpha}).`, { field: 'lora_alpha' });
+        if (!(alpha > 0) || alpha > MAX_LORA_ALPHA) throw invalid(`lora_alpha must be > 0 and at most ${MAX_LORA_ALPHA} (got ${alpha}): the scale lora_alpha / lora_rank multiplies every adapter output in float32.`, { field: 'lora_alpha' });
         return async (t) => {
           t.reset(rank, alpha);
           this.fleet.setLoraRank(run, rank);
@@ -175,6 +187,7 @@ export class Trainers {
     if (topK < 0 || topK > MAX_TOP_K_LOGPROBS) throw invalid(`top_k_logprobs ${topK} is out of range: use 0..${MAX_TOP_K_LOGPROBS} (0 or absent: none).`, { field: 'top_k_logprobs' });
     const vocab = this.engines.vocabSize(run.base_model);
     try {
+      checkLossConfigRanges(body.loss_fn_config);
       const config = resolveLossConfig(loss, body.loss_fn_config);
       const length = this.fleet.lengthLimit(run.max_seq_len, "run's max_seq_len");
       const data = body.data.map((d, i): TrainingDatum => {
@@ -197,6 +210,7 @@ export class Trainers {
         return { tokens, targetTokens: arrays.target_tokens ?? null, weights: f32(arrays.weights), logprobs: f32(arrays.logprobs), advantages: f32(arrays.advantages) };
       });
       checkTrainingData(data, vocab, loss);
+      checkLossInputRanges(data, loss);
       return { data, loss, config, topK };
     } catch (err) {
       if (err instanceof LossInputError) throw invalid(err.message, { field: err.field });
@@ -229,12 +243,13 @@ export class Trainers {
 
 function checkAdam(given: Partial<AdamParams>): AdamParams {
   const hp = { ...ADAM_DEFAULTS, ...Object.fromEntries(Object.entries(given).filter(([, v]) => v !== null && v !== undefined)) } as AdamParams;
+  // Ranges that keep every weight finite in float32 (server/core/value-ranges.ts says why each).
   const rules: [keyof AdamParams, (v: number) => boolean, string][] = [
-    ['learning_rate', (v) => v >= 0, '>= 0'],
+    ['learning_rate', (v) => v >= 0 && v <= MAX_LEARNING_RATE, `in [0, ${MAX_LEARNING_RATE}]`],
     ['beta1', (v) => v >= 0 && v < 1, 'in [0, 1)'],
     ['beta2', (v) => v >= 0 && v < 1, 'in [0, 1)'],
-    ['eps', (v) => v > 0, '> 0'],
-    ['weight_decay', (v) => v >= 0, '>= 0'],
+    ['eps', (v) => v >= MIN_ADAM_EPS, `>= ${MIN_ADAM_EPS}`],
+    ['weight_decay', (v) => v >= 0 && v * hp.learning_rate <= 1, '>= 0, with learning_rate × weight_decay at most 1 (the share of each weight a step takes away)'],
     ['grad_clip_norm', (v) => v >= 0, '>= 0 (0 = no clipping)'],
   ];
   for (const [k, ok, want] of rules) {
@@ -258,6 +273,28 @@ function topTensors(rows: TopTokens[], k: number): { top_k_token_ids: WireTensor
 
 /** The logprob a top-k slot of an inactive position holds (Tinker's sentinel for empty positions). */
 const TOP_K_SENTINEL_LOGPROB = -99999;
+
+/** A copy of the gradients accumulated so far (null: none), to put back if a forward_backward's own would poison them. */
+function copyGradients(t: LoraTrainer): Map<string, Float32Array> | null {
+  const acc = t.accumulatedGradients();
+  return acc ? new Map([...acc].map(([k, g]) => [k, g.slice()])) : null;
+}
+
+/** Puts the accumulated gradients back as they were before the call (none before: zeros, which a step treats alike). */
+function restoreGradients(t: LoraTrainer, before: Map<string, Float32Array> | null): void {
+  for (const [k, g] of t.accumulatedGradients() ?? []) {
+    const kept = before?.get(k);
+    if (kept) g.set(kept);
+    else g.fill(0);
+  }
+}
+
+function nonFiniteGradient(t: LoraTrainer): string | null {
+  for (const [k, g] of t.accumulatedGradients() ?? []) {
+    for (let i = 0; i < g.length; i++) if (!Number.isFinite(g[i]!)) return `the gradient of ${k} holds ${g[i]}`;
+  }
+  return null;
+}
 
 /** The checkpoint record's summary of adapter_config.json. */
 function adapterConfigOf(t: LoraTrainer): Record<string, unknown> {

@@ -303,7 +303,7 @@ describe('submit-time validation', () => {
       ['forward', { data: [good], loss_fn: 'importance_sampling' }, 'data[0].loss_fn_inputs', /data\[0\]: loss_fn 'importance_sampling' needs loss_fn_inputs.logprobs/],
       ['forward', ce([{ model_input: { chunks: [{ type: 'image_asset_pointer', location: 'a.png', format: 'png' }] } }]), 'data[0].model_input.chunks[0].type', /loops-mock takes \{"type": "encoded_text"/],
       ['forward', ce([]), 'body.data', /at least 1/],
-      ['optim_step', { adam_params: { learning_rate: -1 } }, 'adam_params.learning_rate', />= 0/],
+      ['optim_step', { adam_params: { learning_rate: -1 } }, 'adam_params.learning_rate', /in \[0, 1\]/],
       ['optim_step', { adam_params: { beta2: 1 } }, 'adam_params.beta2', /in \[0, 1\)/],
       ['optim_step', { adam_params: { lr: 1 } }, 'body.adam_params.lr', /not a known field/],
       ['save_state', { name: '../../escape' }, 'name', /not a safe checkpoint name/],
