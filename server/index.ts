@@ -212,7 +212,7 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
   let warm = false;
   try {
     // The names the server is started under are its own too: a client reaches it by them (server/http/allowed-hosts.ts).
-    const allowedHosts = [...options.allowedHosts, options.host, ...(options.publicUrl ? [new URL(options.publicUrl).hostname] : [])];
+    const allowedHosts = [...options.allowedHost, options.host, ...(options.publicUrl ? [new URL(options.publicUrl).hostname] : [])];
     app = await buildApp(core, { ...options, allowedHosts, urls: proxy ? basetenUrls() : directUrls(() => publicUrl), front: proxy, engine: () => (warm ? 'ready' : 'warming') });
     // The proxy's limits (refused handshakes) are the operator's to see.
     proxy?.onWarning((message) => app.log.warn(message));

@@ -122,7 +122,8 @@ export class MockAdmin {
   }
 
   private async call<T>(method: string, path: string, body?: unknown): Promise<T> {
-    const headers: Record<string, string> = {};
+    // Marks the call as no browser's simple request: the admin API refuses changes without it (docs/admin.md, "Who may call it").
+    const headers: Record<string, string> = { 'x-loops-mock-admin': '1' };
     if (this.token !== undefined) headers.authorization = `Bearer ${this.token}`;
     if (body !== undefined) headers['content-type'] = 'application/json';
     const res = await fetch(`${this.baseUrl}${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });

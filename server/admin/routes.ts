@@ -4,7 +4,8 @@ import Type from 'typebox';
 import { ManualClock } from '../core/clock.js';
 import type { LoopsCore } from '../core/core.js';
 import { conflict, LoopsError, notFound } from '../core/errors.js';
-import { hasAdminToken } from '../http/auth.js';
+import type { AdminTokenGate } from '../http/auth.js';
+import { crossSiteRefusal } from '../http/cross-site.js';
 import { applySettings, settingsToWire } from '../core/settings.js';
 import { applyScenario, parseScenario, readScenarioSource, shippedScenarioNames } from './scenario.js';
 import {
@@ -13,8 +14,8 @@ import {
 } from './schemas.js';
 
 export interface AdminOptions {
-  /** When set, every admin request needs `Authorization: Bearer <token>`. */
-  token?: string;
+  /** With --admin-token: every admin request needs `Authorization: Bearer <token>` (or the dashboard's cookie). */
+  gate?: AdminTokenGate;
 }
 
 const Removed = Type.Object({ removed: Type.Integer() });
@@ -50,11 +51,16 @@ export function adminRoutes(appIn: FastifyInstance, core: LoopsCore, options: Ad
   const app = appIn.withTypeProvider<TypeBoxTypeProvider>();
   const tags = ['admin'];
 
-  if (options.token !== undefined) {
-    const expected = options.token;
-    // The dashboard's controls send the cookie its sign-in set (SameSite=Strict: another site's page cannot).
+  // A page of another site may send simple requests here (a bodiless POST resets the server); SameSite=Strict keeps the
+  // sign-in cookie from other sites, not from another port of 127.0.0.1 (same-site): so every change must show it is no such request.
+  app.addHook('onRequest', async (request) => {
+    const crossSite = crossSiteRefusal(request);
+    if (crossSite) throw new LoopsError('forbidden', crossSite.message, { field: crossSite.field });
+  });
+  const gate = options.gate;
+  if (gate !== undefined) {
     app.addHook('onRequest', async (request) => {
-      if (!hasAdminToken(request, expected)) {
+      if (!gate.admits(request)) {
         throw new LoopsError('unauthorized', "The admin API needs 'Authorization: Bearer <admin token>' (the server's --admin-token), or the dashboard's sign-in.");
       }
     });

@@ -8,6 +8,8 @@ export type ErrorKind =
   | 'forbidden'
   | 'not_found'
   | 'conflict'
+  /** Too many attempts: wrong admin tokens from one address (server/http/token-attempts.ts). */
+  | 'rate_limited'
   | 'payload_too_large'
   | 'unavailable'
   /** The data dir refused a write (full, or an I/O error): see storage-errors.ts. */

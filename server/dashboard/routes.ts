@@ -6,7 +6,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import Type from 'typebox';
 import type { ModelViews } from '../control/models.js';
 import type { Views } from '../control/views.js';
-import { ADMIN_COOKIE, hasAdminToken, sameToken } from '../http/auth.js';
+import { ADMIN_COOKIE, type AdminTokenGate } from '../http/auth.js';
 import { checkpointPath } from '../core/checkpoints.js';
 import { ManualClock } from '../core/clock.js';
 import type { LoopsCore } from '../core/core.js';
@@ -19,7 +19,8 @@ import { JournalFilter, JournalPage, Overview, RunDetail, SamplerTimeline } from
 export interface DashboardOptions {
   /** The admin API is served (--admin): the page shows its controls. */
   admin: boolean;
-  adminToken?: string;
+  /** The admin token's check (--admin-token), shared with the admin API: wrong tokens are limited per address. */
+  gate?: AdminTokenGate;
   views: Views;
   /** The deploy answer's view: the deployed models' rows carry its fields and inference URLs. */
   models: ModelViews;
@@ -55,10 +56,10 @@ export function dashboardRoutes(appIn: FastifyInstance, core: LoopsCore, options
   /** With keys enforced, the dashboard is the admin's: the token, or nothing. */
   const guard = async (request: FastifyRequest) => {
     if (!core.accounts.enforced) return;
-    if (options.adminToken === undefined) {
+    if (options.gate === undefined) {
       throw new LoopsError('forbidden', 'With --api-key the dashboard needs an admin token: start loops-mock with --admin-token TOKEN, then sign in with it.', { login: '/_mock/ui' });
     }
-    if (!hasAdminToken(request, options.adminToken)) {
+    if (!options.gate.admits(request)) {
       throw new LoopsError('unauthorized', "The dashboard needs the server's admin token: sign in at /_mock/ui, or send 'Authorization: Bearer <admin token>'.", { login: '/_mock/ui' });
     }
   };
@@ -75,8 +76,8 @@ export function dashboardRoutes(appIn: FastifyInstance, core: LoopsCore, options
   app.post('/_mock/ui/login', {
     schema: { tags, summary: 'Signs the dashboard in with the admin token: sets its cookie', body: Type.Object({ token: Type.String({ minLength: 1 }) }, { additionalProperties: false }) },
   }, (req, reply) => {
-    if (options.adminToken === undefined || !sameToken(req.body.token, options.adminToken)) {
-      throw new LoopsError('unauthorized', options.adminToken === undefined ? 'This server has no admin token to sign in with (start it with --admin-token).' : 'That is not the admin token.', { field: 'token' });
+    if (options.gate === undefined || !options.gate.accepts(req, req.body.token)) {
+      throw new LoopsError('unauthorized', options.gate === undefined ? 'This server has no admin token to sign in with (start it with --admin-token).' : 'That is not the admin token.', { field: 'token' });
     }
     reply.header('set-cookie', `${ADMIN_COOKIE}=${encodeURIComponent(req.body.token)}; Path=/_mock; HttpOnly; SameSite=Strict`);
     return { signed_in: true };
@@ -91,8 +92,8 @@ export function dashboardRoutes(appIn: FastifyInstance, core: LoopsCore, options
       return {
         version: VERSION,
         admin: options.admin,
-        token_needed: options.adminToken !== undefined,
-        signed_in: options.adminToken !== undefined && hasAdminToken(req, options.adminToken),
+        token_needed: options.gate !== undefined,
+        signed_in: options.gate?.carries(req) ?? false,
         clock: { mode: core.clock instanceof ManualClock ? 'virtual' as const : 'real' as const, now: new Date(core.clock.now()).toISOString() },
         scenario: core.history.scenario && { ...core.history.scenario, applied_at: new Date(core.history.scenario.applied_at).toISOString() },
         runs: runs.map((r) => runSummary(r)),

@@ -3,6 +3,7 @@ import type { FastifyRequest } from 'fastify';
 import type { LoopsCore } from '../core/core.js';
 import { LoopsError } from '../core/errors.js';
 import type { Principal } from '../core/records.js';
+import { TokenAttempts } from './token-attempts.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -56,4 +57,36 @@ export function hasAdminToken(request: FastifyRequest, expected: string): boolea
 export function sameToken(given: string, expected: string): boolean {
   const digest = (text: string) => createHash('sha256').update(text).digest();
   return timingSafeEqual(digest(given), digest(expected));
+}
+
+/**
+ * The admin token's check for the admin API, the dashboard's data routes and
+ * its sign-in, one per server: wrong tokens are limited per client address
+ * (token-attempts.ts), so the token cannot be guessed at the speed of the port.
+ */
+export class AdminTokenGate {
+  constructor(private readonly token: string, private readonly attempts = new TokenAttempts()) {}
+
+  /** Whether the request carries the token (header or cookie); a wrong one counts. Throws 429 while the address must wait. */
+  admits(request: FastifyRequest): boolean {
+    const given = adminTokenOf(request);
+    return given !== undefined && this.accepts(request, given);
+  }
+
+  /** Whether `given` is the token (the sign-in form's); a wrong one counts. Throws 429 while the address must wait. */
+  accepts(request: FastifyRequest, given: string): boolean {
+    const address = request.ip || 'unknown';
+    const wait = this.attempts.waitSeconds(address);
+    if (wait > 0) {
+      throw new LoopsError('rate_limited', `Too many wrong admin tokens from ${address} (${this.attempts.limit} different ones within ${this.attempts.windowMs / 1000} s): try again in ${wait} s.`, { retry_after_s: wait });
+    }
+    if (sameToken(given, this.token)) return true;
+    this.attempts.recordWrong(address, given);
+    return false;
+  }
+
+  /** Whether the request carries the token, neither counted nor refused (for a flag such as the overview's signed_in). */
+  carries(request: FastifyRequest): boolean {
+    return hasAdminToken(request, this.token);
+  }
 }

@@ -11,6 +11,7 @@ import { answerClientError } from './client-errors.js';
 import { createServerLog, logRequest, type LogFormat } from './server-log.js';
 import { serializerCompiler } from './answer-cache.js';
 import { validatorCompiler } from './validation.js';
+import { addressedHost, HostCheck } from './allowed-hosts.js';
 
 export interface BaseAppOptions {
   bodyLimit: number;
@@ -22,6 +23,8 @@ export interface BaseAppOptions {
   bodyTimeoutMs: number;
   /** What stands before the app on its port (proxy mode's forward proxy); without it the port serves the app alone. */
   front?: FrontOfHouse;
+  /** Host names answered beyond localhost and IP addresses (allowed-hosts.ts): --allowed-host, the bound --host, --public-url's host. */
+  allowedHosts?: readonly string[];
 }
 
 /** Something that shares the app's HTTP server: sees each raw request first, and may join the server (CONNECT). */
@@ -116,6 +119,8 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
   app.setSerializerCompiler(serializerCompiler);
   app.decorateRequest('principal', null as never);
 
+  // Proxy mode's interception hands the app requests for Baseten's and the Hub's hosts.
+  const hosts = new HostCheck({ extra: options.allowedHosts, proxy: front !== undefined });
   let closing = false;
   // Shutting down: new requests get 503, waiting long polls are answered 503 at once.
   app.addHook('preClose', async () => {
@@ -128,6 +133,8 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
       reply.header('connection', 'close');
       return sendError(reply, 400, 'invalid_request', "An HTTP/1.1 request needs a Host header (RFC 9112, section 3.2): send 'Host: <the server's host:port>'.", { field: 'headers.host' });
     }
+    const host = addressedHost(request.raw);
+    if (!hosts.allows(host)) return sendError(reply, 403, 'forbidden', hosts.refusal(host!), { field: 'headers.host', flag: '--allowed-host' });
     if (closing) {
       reply.header('connection', 'close');
       return sendError(reply, 503, 'unavailable', 'loops-mock is shutting down.');

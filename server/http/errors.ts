@@ -9,6 +9,7 @@ export const STATUS_OF: Record<ErrorKind, number> = {
   forbidden: 403,
   not_found: 404,
   conflict: 409,
+  rate_limited: 429,
   payload_too_large: 413,
   unavailable: 503,
   // RFC 4918's Insufficient Storage: the write was refused for want of disk, reads still answer.

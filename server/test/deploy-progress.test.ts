@@ -11,7 +11,7 @@ afterEach(async () => { await server?.close(); server = undefined; });
 // a rule naming match.op deploy_checkpoint keeps it in LOADING_MODEL past its cold start until released.
 describe('progress rules hold a deployed checkpoint in LOADING_MODEL', () => {
   const inject = async (method: string, url: string, body?: unknown) => {
-    const res = await server!.app.inject({ method: method as 'GET', url, headers: { authorization: `Bearer ${server!.apiKey}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) }, payload: body === undefined ? undefined : JSON.stringify(body) });
+    const res = await server!.app.inject({ method: method as 'GET', url, headers: { authorization: `Bearer ${server!.apiKey}`, 'x-loops-mock-admin': '1', ...(body === undefined ? {} : { 'content-type': 'application/json' }) }, payload: body === undefined ? undefined : JSON.stringify(body) });
     return { status: res.statusCode, body: res.json() };
   };
   const statusOf = async (mid: string, did: string) => (await inject('GET', `/v1/models/${mid}/deployments/${did}`)).body.status;

@@ -45,7 +45,7 @@ const errorOf = (a: RawAnswer) => (JSON.parse(a.body) as { error: { type: string
 
 describe('requests that never reach the app', () => {
   it('a body that trickles in is cut off with 408 after --body-timeout-ms; headers after --headers-timeout-ms', async () => {
-    const head = 'POST /v1/loops/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n';
+    const head = 'POST /v1/loops/sessions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer k\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n';
     const body = await raw([head, ...Array.from({ length: 30 }, () => '  ')], 300);
     expect(body.status).toBe(408);
     expect(errorOf(body).type).toBe('request_timeout');
@@ -72,12 +72,12 @@ describe('requests that never reach the app', () => {
 
   it('malformed HTTP gets a 400 in the error shape with the version header', async () => {
     const cases = [
-      'GET /healthz HTTP/1.1\r\nHost: x\r\nNot a header line\r\n\r\n',
-      'POST /v1/loops/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n',
-      'POST /v1/loops/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}',
-      'POST /v1/loops/sessions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n',
-      'GET /hea\0lthz HTTP/1.1\r\nHost: x\r\n\r\n',
-      'GET /healthz HTTP/1.1\r\nHost: x\r\nBad Name: y\r\n\r\n',
+      'GET /healthz HTTP/1.1\r\nHost: localhost\r\nNot a header line\r\n\r\n',
+      'POST /v1/loops/sessions HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n',
+      'POST /v1/loops/sessions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}',
+      'POST /v1/loops/sessions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n',
+      'GET /hea\0lthz HTTP/1.1\r\nHost: localhost\r\n\r\n',
+      'GET /healthz HTTP/1.1\r\nHost: localhost\r\nBad Name: y\r\n\r\n',
     ];
     for (const request of cases) {
       const answer = await raw([request]);
@@ -99,9 +99,9 @@ describe('requests that never reach the app', () => {
   });
 
   it('a URL over 16 KB is 414, headers over 16 KB are 431', async () => {
-    const longUrl = await raw([`GET /v1/loops/runs/${'a'.repeat(20_000)} HTTP/1.1\r\nHost: x\r\n\r\n`]);
+    const longUrl = await raw([`GET /v1/loops/runs/${'a'.repeat(20_000)} HTTP/1.1\r\nHost: localhost\r\n\r\n`]);
     expect([longUrl.status, errorOf(longUrl).type]).toEqual([414, 'uri_too_long']);
-    const bigHeaders = await raw([`GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ${'b'.repeat(20_000)}\r\n\r\n`]);
+    const bigHeaders = await raw([`GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: ${'b'.repeat(20_000)}\r\n\r\n`]);
     expect([bigHeaders.status, errorOf(bigHeaders).type]).toEqual([431, 'headers_too_large']);
     expect(bigHeaders.headers.toLowerCase()).toContain(`x-loops-mock-version: ${VERSION}`);
   });

@@ -83,7 +83,7 @@ describe('the settings table', () => {
     }
     expect(live.filter((row) => !row.flag).map((row) => row.wire)).toEqual(['max_tokens_limit', 'run_idle_timeout_ms', 'sampler_idle_ms']);
     expect(startupOnly.every((row) => row.flag && !row.wire)).toBe(true);
-    expect(startupOnly.map((row) => row.flag).sort()).toEqual(['admin', 'admin-token', 'api-key', 'batch-runs', 'body-limit', 'body-timeout-ms', 'ca-dir', 'clock', 'data-dir', 'data-dir-fresh', 'device', 'fault-seed', 'headers-timeout-ms', 'host', 'journal', 'journal-detail', 'journal-size', 'log-format', 'log-level', 'port', 'presign-ttl-s', 'proxy', 'proxy-passthrough', 'public-url', 'rebuild-records', 'scenario', 'tokenizer', 'unembedding-rank', 'warm', 'write-env']);
+    expect(startupOnly.map((row) => row.flag).sort()).toEqual(['admin', 'admin-token', 'allowed-host', 'api-key', 'batch-runs', 'body-limit', 'body-timeout-ms', 'ca-dir', 'clock', 'data-dir', 'data-dir-fresh', 'device', 'exit-with-parent', 'fault-seed', 'headers-timeout-ms', 'host', 'journal', 'journal-detail', 'journal-size', 'log-format', 'log-level', 'port', 'presign-ttl-s', 'proxy', 'proxy-passthrough', 'public-url', 'rebuild-records', 'scenario', 'tokenizer', 'unembedding-rank', 'warm', 'write-env']);
     for (const row of FLAG_ROWS) expect(row.env).toBe(`LOOPS_MOCK_${row.flag.toUpperCase().replace(/-/g, '_')}`);
   });
 

@@ -235,7 +235,8 @@ class MockAdmin:
     # ---- transport ----------------------------------------------------------------
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
-        headers = {"accept": "application/json"}
+        # Marks the call as no browser's simple request: the admin API refuses changes without it (docs/admin.md).
+        headers = {"accept": "application/json", "x-loops-mock-admin": "1"}
         if self.token is not None:
             headers["authorization"] = f"Bearer {self.token}"
         data = None
