@@ -1,16 +1,16 @@
 #!/usr/bin/env node
 // Started as `loops-mock` (bin/loops-mock.js), with the runtime settings that return memory after a burst.
 import { ConfigError, parseOptions, parsePort, usage } from './config.js';
-import { appendFileSync, chmodSync, mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { EnginePool, findBaseModel, supportedModelNames, Tokenizers } from '../models/index.js';
 import { HubRepos } from './core/hub-repos.js';
 import { DataDirError } from './core/store.js';
-import { startServer } from './index.js';
+import { startWithOptions } from './index.js';
 import { defaultCaDir, LocalCa } from './proxy/ca.js';
 import { asksForHelp, parseFlags, type FlagDefinition } from './parse-flags.js';
 import { startRecorder } from './record/recorder.js';
-import { VERSION } from './version.js';
+import { LOOPS_API_VERSION, VERSION } from './version.js';
 
 const RECORD_USAGE = `Usage: loops-mock record --upstream URL --out DIR [--flow NAME] [--port N] [--host H]
   A recording proxy in front of a Loops endpoint: point a client at the printed URL; every
@@ -102,12 +102,13 @@ async function exportModel(argv: string[]): Promise<void> {
   const engines = new EnginePool(tokenizers);
   try {
     process.stdout.write(`# making ${model}'s files (the weights take a moment)\n`);
-    const repo = new HubRepos(engines).repo(model);
+    const hub = new HubRepos(engines);
+    const repo = hub.repo(model);
     const out = resolve(dir);
     try {
       mkdirSync(out, { recursive: true });
       for (const f of repo.files) {
-        writeFileSync(join(out, f.name), f.content);
+        writeFileSync(join(out, f.name), hub.content(repo, f));
         process.stdout.write(`${join(out, f.name)}  ${(f.size / 1e6).toFixed(1)} MB\n`);
       }
     } catch (err) {
@@ -130,26 +131,15 @@ async function main(argv: string[]): Promise<void> {
     return;
   }
   if (args.includes('--version')) {
-    process.stdout.write(`${VERSION}\n`);
+    process.stdout.write(`loops-mock ${VERSION} (tracks the Baseten Loops API ${LOOPS_API_VERSION})\n`);
     return;
   }
   if (args[0] !== undefined && !args[0].startsWith('-')) throw new ConfigError(`unknown command '${args[0]}' (the commands are 'serve', 'record', 'ca' and 'export-model')`);
   const options = parseOptions(args, process.env);
-  // Checked before the server starts, so that a path that cannot be written fails the start with one line.
-  if (options.writeEnv) {
-    try {
-      appendFileSync(options.writeEnv, '');
-    } catch (err) {
-      throw new ConfigError(`--write-env ${options.writeEnv}: cannot write it (${(err as Error).message})`);
-    }
-  }
-  const server = await startServer(options);
+  // --write-env is written by the server once it listens (server/index.ts), as startServer({ writeEnv }) does.
+  let stopping = false;
+  const server = await startWithOptions(options, { onParentGone: () => stop('its parent process gone') });
   const lines = Object.entries(server.env).map(([k, v]) => `${k}=${v}`);
-  // Owner-only: it holds BASETEN_API_KEY (the mode applies to a new file; an existing one is narrowed too).
-  if (options.writeEnv) {
-    writeFileSync(options.writeEnv, `${lines.join('\n')}\n`, { mode: 0o600 });
-    chmodSync(options.writeEnv, 0o600);
-  }
   const notes = [`# loops-mock ${VERSION} listening on ${server.url}${options.dataDir ? `, state in ${options.dataDir}` : ', state in memory'}`];
   notes.push(...server.notes.map((n) => `# ${n}`));
   if (server.ca) notes.push(`# proxy mode: HTTPS_PROXY intercepts api.baseten.co, *.api.baseten.co, app.baseten.co and huggingface.co with the CA ${server.ca.cert}${options.proxyPassthrough.length ? `; passes through ${options.proxyPassthrough.join(', ')}` : ''}; other hosts are refused`);
@@ -157,22 +147,22 @@ async function main(argv: string[]): Promise<void> {
   notes.push(`# dashboard: ${server.url}/_mock/ui${dashboardAccess}`);
   if (options.admin) notes.push(`# admin API at ${server.url}/_mock/${options.adminToken ? ' (Authorization: Bearer <admin token>)' : ''}; clock ${options.clockMode}${options.scenario ? `; scenario ${options.scenario} applied` : ''}`);
   // Handlers first: a client that reads the variables and stops the server at once gets a graceful stop.
-  let stopping = false;
-  const stop = (signal: string) => {
+  process.on('SIGTERM', () => stop('SIGTERM'));
+  process.on('SIGINT', () => stop('SIGINT'));
+  process.stdout.write(`${lines.join('\n')}\n${notes.join('\n')}\n`);
+
+  // Hoisted: the parent watch may call it. Exits once the engines stopped: never while onnxruntime runs a warm-up graph.
+  function stop(signal: string): void {
     if (stopping) {
       process.stderr.write(`loops-mock: ${signal} again, exiting without waiting\n`);
       process.exit(1);
     }
     stopping = true;
-    server.close().then(
+    server.enginesClosed().then(
       () => process.exit(0),
       (err: unknown) => { process.stderr.write(`loops-mock: error while shutting down: ${String(err)}\n`); process.exit(1); },
     );
-  };
-  process.on('SIGTERM', () => stop('SIGTERM'));
-  process.on('SIGINT', () => stop('SIGINT'));
-  process.stdout.write(`${lines.join('\n')}\n${notes.join('\n')}\n`);
-
+  }
 }
 
 main(process.argv.slice(2)).catch((err: unknown) => {

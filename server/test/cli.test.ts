@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { baseWeightsFor, decodeSafetensors, DEFAULT_DIMS } from '../../models/index.js';
-import { ConfigError, parseOptions, VERSION } from '../index.js';
+import { ConfigError, LOOPS_API_VERSION, parseOptions, VERSION } from '../index.js';
 import { REPO_ROOT } from './helpers.js';
 
 const CLI = join(REPO_ROOT, 'server', 'cli.ts');
@@ -68,7 +68,10 @@ describe('the loops-mock command', () => {
     // It holds BASETEN_API_KEY: owner-only.
     expect(statSync(join(dir, 'loops.env')).mode & 0o777).toBe(0o600);
     const health = await fetch(`${cli.vars.LOOPS_BASE_URL}/healthz`);
-    expect([health.status, await health.json()]).toEqual([200, { status: 'ok', version: VERSION }]);
+    // 200 while the default --warm model builds in the background too; engine says which.
+    const healthBody = await health.json() as { status: string; engine: string; version: string };
+    expect([health.status, healthBody.status, healthBody.version]).toEqual([200, 'ok', VERSION]);
+    expect(['warming', 'ready']).toContain(healthBody.engine);
     expect(Object.keys(cli.vars)).toEqual(['LOOPS_BASE_URL', 'BASETEN_API_KEY', 'BASETEN_MANAGEMENT_API_URL_OVERRIDE', 'HF_ENDPOINT']);
     expect(cli.vars.HF_ENDPOINT).toBe(`${cli.vars.LOOPS_BASE_URL}/hf`);
     expect(cli.vars.LOOPS_BASE_URL).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
@@ -322,5 +325,25 @@ describe('option parsing', () => {
     expect(parseOptions(['--admin=false'], { LOOPS_MOCK_ADMIN: '1' }).admin).toBe(false);
     expect(parseOptions([], { LOOPS_MOCK_ADMIN: '1' }).admin).toBe(true);
     expect(parseOptions(['--clock', 'virtual', '--admin-token', 't', '--fault-seed', '9'])).toMatchObject({ clockMode: 'virtual', adminToken: 't', faultSeed: 9 });
+  });
+
+  it('reads no variable whose flag is given: a bad LOOPS_MOCK_PORT does not block --port (issue 28)', () => {
+    expect(parseOptions(['--port', '0'], { LOOPS_MOCK_PORT: 'not-a-port' }).port).toBe(0);
+    expect(parseOptions(['--warm', 'none'], { LOOPS_MOCK_WARM: 'Nope/Model' }).warmModels).toEqual([]);
+    // Without the flag the variable counts, and a bad one is still refused naming the flag.
+    expect(() => parseOptions([], { LOOPS_MOCK_PORT: 'not-a-port' })).toThrow(/--port must be a whole number/);
+    // A list that adds to its variable (--tokenizer) still reads both; one that replaces it (--api-key) reads the flags alone.
+    expect(parseOptions(['--api-key', 'flag-key'], { LOOPS_MOCK_API_KEY: 'env-key' }).apiKeys.map((k) => k.key)).toEqual(['flag-key']);
+  });
+
+  it('--exit-with-parent is a switch, off by default, from the flag or LOOPS_MOCK_EXIT_WITH_PARENT', () => {
+    expect(parseOptions([]).exitWithParent).toBe(false);
+    expect(parseOptions(['--exit-with-parent']).exitWithParent).toBe(true);
+    expect(parseOptions([], { LOOPS_MOCK_EXIT_WITH_PARENT: '1' }).exitWithParent).toBe(true);
+  });
+
+  it('--version names the mock\'s version and the Loops API version it tracks', () => {
+    const run = spawnSync(process.execPath, ['--import', 'tsx', CLI, '--version'], { cwd: REPO_ROOT, encoding: 'utf8' });
+    expect([run.status, run.stdout]).toEqual([0, `loops-mock ${VERSION} (tracks the Baseten Loops API ${LOOPS_API_VERSION})\n`]);
   });
 });

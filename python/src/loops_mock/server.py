@@ -1,7 +1,7 @@
 """Starting and stopping the loops-mock server binary, with or without pytest.
 
-``start_server()`` runs ``loops-mock serve --port 0 --admin --admin-token <random>``
-in its own session, reads the ``NAME=value`` lines it prints up to its
+``start_server()`` runs ``loops-mock serve --port 0 --exit-with-parent --admin
+--admin-token <random>`` in its own session (it stops by itself if this process dies), reads the ``NAME=value`` lines it prints up to its
 ``# loops-mock <version> listening on URL`` line, and returns a
 :class:`LoopsMock`. Use it as a context manager, or call ``stop()``:
 
@@ -325,7 +325,9 @@ def start_server(
     argv = list(base)
     if argv[-1] != "serve":
         argv.append("serve")
-    argv += ["--port", "0"]
+    # --exit-with-parent: the server stops by itself once this process is gone, even when pytest is killed
+    # with SIGKILL or SIGTERM (neither runs atexit), so no run leaves a server behind.
+    argv += ["--port", "0", "--exit-with-parent"]
     token = None
     if admin:
         token = _admin_token_in(extra)
