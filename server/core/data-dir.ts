@@ -38,6 +38,21 @@ function inspectDatabase(file: string): DatabaseState {
   }
 }
 
+/** Why the database's records cannot all be read, or undefined when they can. */
+function unreadableRecords(dataDir: string): string | undefined {
+  let store: Store | undefined;
+  try {
+    store = new Store(dataDir);
+    store.checkRecords();
+    return undefined;
+  } catch (err) {
+    if (!(err instanceof DataDirError)) throw err;
+    return err.message.slice(0, err.message.indexOf(WAYS_OUT)).trim();
+  } finally {
+    store?.close();
+  }
+}
+
 /** The entries of the checkpoints folder that hold (or may hold) checkpoints: everything but a save's scratch folders. */
 function checkpointEntries(root: string): string[] {
   if (!existsSync(root)) return [];
@@ -84,9 +99,11 @@ export function prepareDataDir(dataDir: string, start: DataDirStart = {}): DataD
   if (!state.ok && entries.length && !start.rebuildRecords) {
     throw new DataDirError(`${state.why}, but ${root} holds ${entries.length} checkpoint folder${entries.length === 1 ? '' : 's'} that it would name. ${WAYS_OUT}`);
   }
-  if (!state.ok && state.unreadable) {
+  // With --rebuild-records, a database whose pages or records cannot all be read is set aside too (the core would stop on it).
+  const why = !state.ok ? (state.unreadable ? state.why : undefined) : start.rebuildRecords ? unreadableRecords(dataDir) : undefined;
+  if (why) {
     const folder = moveAside(dataDir, DATABASE_FILES);
-    notes.push(`--rebuild-records: ${state.why}; it is now in ${folder}, and a new one holds the rebuilt checkpoint records`);
+    notes.push(`--rebuild-records: ${why.replace(/\.$/, '')}; it is now in ${folder}, and a new one holds the rebuilt checkpoint records`);
   }
   if (start.rebuildRecords) notes.push(...rebuildRecords(dataDir, root, entries));
   return { notes };

@@ -115,6 +115,23 @@ export class Store {
     return this.file !== ':memory:';
   }
 
+  /** Reads every record once: a DataDirError for the first that cannot be read (what the start would stop on). */
+  checkRecords(): void {
+    let rows: { kind: string; id: string; data: string }[];
+    try {
+      rows = this.db.prepare('SELECT kind, id, data FROM records').all() as { kind: string; id: string; data: string }[];
+    } catch (err) {
+      throw unreadableDatabase(this.file, err);
+    }
+    for (const r of rows) {
+      try {
+        JSON.parse(r.data);
+      } catch (err) {
+        throw new DataDirError(`${this.file}: the ${r.kind} record ${r.id} is not JSON (${(err as Error).message}). ${WAYS_OUT}`);
+      }
+    }
+  }
+
   /** Every record of a kind; a database or record that cannot be read stops the start with a DataDirError. */
   load<T>(kind: RecordKind): T[] {
     let rows: { id: string; data: string }[];

@@ -126,6 +126,13 @@ describe('a missing or unusable database beside checkpoint folders', () => {
     db.close();
     const message = await refusal(saved.dataDir);
     expect(message).toContain(`${join(saved.dataDir, 'loops-mock.sqlite')}: the run record ${saved.runId} is not JSON`);
+    // The way out it names works: the database goes aside whole, the checkpoint comes back.
+    const server = await start({ dataDir: saved.dataDir, rebuildRecords: true });
+    const aside = readdirSync(saved.dataDir).find((n) => n.startsWith('set-aside-'))!;
+    expect(server.notes[0]).toContain(`the run record ${saved.runId} is not JSON`);
+    expect(server.notes[0]).toContain(`it is now in ${join(saved.dataDir, aside)}`);
+    expect(existsSync(join(saved.dataDir, aside, 'loops-mock.sqlite'))).toBe(true);
+    expect((await client(server, KEY).get(`/v1/loops/checkpoints?run_id=${saved.runId}`)).body.checkpoints.map((c: any) => c.id)).toEqual([saved.id]);
   });
 
   it('the two flags need --data-dir, and do not go together', async () => {
