@@ -1,4 +1,4 @@
-import { mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -124,9 +124,11 @@ describe('shutdown with work in hand', () => {
     await closing;
     expect(first.core.operations.find(running)?.status ?? 'done').toBe('done');
 
-    // A folder left by a save whose record never landed (a crash between the two) is not a checkpoint.
+    // A folder left by a save whose record never landed (a crash between the two, its .saving marker still there) is not a checkpoint.
+    // (One without a marker is kept and reported instead: server/test/data-dir-start.test.ts.)
     const folders = join(dataDir, 'checkpoints');
     mkdirSync(join(folders, 'Orphan1'));
+    writeFileSync(join(folders, '.Orphan1.saving'), '');
     const second = await startTestServer({ dataDir });
     try {
       const listed = (await client(second).get(`/v1/loops/checkpoints?run_id=${run.id}`)).body.checkpoints;
