@@ -314,6 +314,16 @@ export function grownCaches(dims: ModelDims, presents: Float32Array[], rows: Dec
   });
 }
 
+/** A per-layer output pair's names, layer by layer: `<k>.0`, `<v>.0`, `<k>.1`... (a cache's keys then values). */
+export function layerNames(dims: ModelDims, k: string, v: string): string[] {
+  return Array.from({ length: dims.layers }, (_, l) => [`${k}.${l}`, `${v}.${l}`]).flat();
+}
+
+/** The LoRA gradients' output names, `grad.<site>.A` / `.B` in site order. */
+export function gradNames(sites: LoraSite[]): string[] {
+  return sites.flatMap((s) => [`grad.${s.key}.A`, `grad.${s.key}.B`]);
+}
+
 /** An adapter's LoRA tensors and scale as graph inputs. */
 export function loraFeeds(sites: LoraSite[], adapter: LoraAdapter): Record<string, Feed> {
   const feeds: Record<string, Feed> = { lora_scale: feed('float32', new Float32Array([adapter.scale]), []) };

@@ -2,7 +2,7 @@ import * as ort from 'onnxruntime-node';
 import { describe, expect, it } from 'vitest';
 import { GraphBuilder } from '../graph/builder.js';
 import { Prng } from '../prng.js';
-import { drawNucleusTokens } from '../transformer.js';
+import { drawNucleusTokens } from '../draw-graphs.js';
 import { chooseToken, SAMPLING_DEFAULTS } from '../index.js';
 
 /** The nucleus by definition: tokens by probability (then id), taken until their mass reaches top_p. */
