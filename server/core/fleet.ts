@@ -421,13 +421,22 @@ export class Fleet {
 
   /** After a restart nothing is running: every live run, deployment and sampler is stopped, with the reason logged. */
   private stopEverythingLeftRunning(): void {
-    this.store.transaction(() => {
+    const stop = () => {
       for (const run of this.runs.values()) if (run.status === 'ACTIVE') this.markRunInactive(run, 'server restarted');
       for (const d of this.deployments.values()) if (d.status !== 'STOPPED' && d.status !== 'FAILED') this.stopDeployment(d, 'STOPPED', 'server restarted');
       for (const s of this.samplers.values()) {
         if (s.status !== 'INACTIVE') this.moveSampler(s, 'INACTIVE', 'server restarted');
       }
-    });
+    };
+    try {
+      this.store.transaction(stop);
+    } catch (err) {
+      // A start on a full disk still serves reads: what the refused transaction left undone is done in memory
+      // (refused writes counted, not thrown), and the next start writes the stops again.
+      if (!(err instanceof StorageError)) throw err;
+      this.store.background.failed(err);
+      this.store.bestEffort(stop);
+    }
   }
 
   private findReusable(p: Principal, input: CreateRunInput, baseModel: string, teamId: string): RunRecord | undefined {

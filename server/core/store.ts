@@ -59,6 +59,7 @@ export class Store {
   /** Writes the disk refused (full, I/O error), and whether the latest write was one. */
   private refused = 0;
   private lastWriteRefused = false;
+  private bestEffortDepth = 0;
   /** Where messages say the disk failed. */
   private readonly where: string;
   /** Writes nobody waited for that failed (log lines after their request was answered, timed status changes). */
@@ -152,7 +153,27 @@ export class Store {
   put(kind: RecordKind, id: string, value: unknown): void {
     this.writes++;
     const data = JSON.stringify(value);
-    this.guard(`the ${kind} record ${id}`, () => this.upsert.run(kind, id, data));
+    try {
+      this.guard(`the ${kind} record ${id}`, () => this.upsert.run(kind, id, data));
+    } catch (err) {
+      if (!(err instanceof StorageError) || this.bestEffortDepth === 0 || this.db.inTransaction) throw err;
+      this.background.failed(err);
+    }
+  }
+
+  /**
+   * Runs `fn`, whose writes nobody waits on and which must carry on in
+   * memory whatever the disk says (a start stopping what was left running):
+   * a record write refused there is counted as a background failure, not
+   * thrown. Not for use inside a transaction.
+   */
+  bestEffort(fn: () => void): void {
+    this.bestEffortDepth++;
+    try {
+      fn();
+    } finally {
+      this.bestEffortDepth--;
+    }
   }
 
   /** Runs `fn` atomically: all of its writes land, or none (a refused commit rolls all of them back). */

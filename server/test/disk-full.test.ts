@@ -41,10 +41,11 @@ vi.mock('node:fs', async (importOriginal) => {
   return { ...fs, writeSync, default: { ...fs, writeSync } };
 });
 
-const statementProto = Object.getPrototypeOf(new Database(':memory:').prepare('SELECT 1')) as { run: (...args: unknown[]) => unknown; reader: boolean };
+const statementProto = Object.getPrototypeOf(new Database(':memory:').prepare('SELECT 1')) as { run: (...args: unknown[]) => unknown };
 const realRun = statementProto.run;
-statementProto.run = function (this: { reader: boolean }, ...args: unknown[]) {
-  if (injected.on && !this.reader) {
+statementProto.run = function (this: { reader: boolean; source: string }, ...args: unknown[]) {
+  // Every write statement, COMMIT included; a rollback frees, so it is never refused.
+  if (injected.on && !this.reader && !/^ROLLBACK/.test(this.source)) {
     const bytes = 64 + args.reduce<number>((n, a) => n + (typeof a === 'string' ? Buffer.byteLength(a) : 8), 0);
     if (injected.sqliteFull || !spend(bytes)) throw Object.assign(new Error('database or disk is full'), { code: 'SQLITE_FULL' });
   }
@@ -263,6 +264,21 @@ describe('each write path on a full disk', () => {
     expect(server.core.store.health.background_write_failures).toBeGreaterThan(0);
     injected.sqliteFull = false;
     expect((await api.get(`/v1/loops/runs/${run.id}`)).status).toBe(200);
+  });
+
+  it('a restart on a full disk starts and serves reads: stopping the runs left running is held in memory and counted', async () => {
+    const dataDir = injectedDisk();
+    const first = await startTestServer({ dataDir });
+    const run = await newRun(client(first));
+    await first.close();
+    injected.sqliteFull = true;
+    const second = await startTestServer({ dataDir });
+    cleanups.push(() => second.close());
+    const api = client(second);
+    const got = await api.get(`/v1/loops/runs/${run.id}`);
+    expect(got.status).toBe(200);
+    expect(got.body.run.status.name).toBe('INACTIVE');
+    expect((await api.get('/healthz')).body.storage.background_write_failures).toBeGreaterThan(0);
   });
 
   it('a journal line the disk refuses is cut back off the file (never half a line) and counted', async () => {
