@@ -41,7 +41,7 @@ async function download(server: RunningServer, api: Client, id: string, name: st
 
 function flipBytes(file: string, count: number): void {
   const bytes = readFileSync(file);
-  for (let i = 0; i < count; i++) bytes[100 + i] ^= 0xff;
+  for (let i = 0; i < count; i++) bytes[100 + i]! ^= 0xff;
   writeFileSync(file, bytes);
 }
 
@@ -69,7 +69,7 @@ describe('a damaged checkpoint file', () => {
   });
 
   it('a trainer checkpoint with a damaged optimizer file is refused by load_state at submission, not loaded done', async () => {
-    const { api, run, c, file, server } = await serverWithCheckpoint('trainer');
+    const { api, run, c, server } = await serverWithCheckpoint('trainer');
     // A save_state of the run's real trainer: its optimizer file is what load_state_with_optimizer reads, load_state never.
     const saved = await api.post(`/trainer/${run.id}/save_state`, { name: 'real' }, { 'idempotency-key': randomUUID() });
     expect(saved.status).toBe(200);
