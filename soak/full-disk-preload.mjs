@@ -30,7 +30,7 @@ const Database = createRequire(import.meta.url)('better-sqlite3');
 const statement = Object.getPrototypeOf(new Database(':memory:').prepare('SELECT 1'));
 const run = statement.run;
 statement.run = function (...args) {
-  if (!this.reader && !/^ROLLBACK/.test(this.source)) {
+  if (!this.reader && !/^(BEGIN|SAVEPOINT|RELEASE|ROLLBACK)/.test(this.source)) {
     const bytes = 64 + args.reduce((n, a) => n + (typeof a === 'string' ? Buffer.byteLength(a) : 8), 0);
     if (!spend(bytes)) throw Object.assign(new Error('database or disk is full'), { code: 'SQLITE_FULL' });
   }

@@ -44,8 +44,8 @@ vi.mock('node:fs', async (importOriginal) => {
 const statementProto = Object.getPrototypeOf(new Database(':memory:').prepare('SELECT 1')) as { run: (...args: unknown[]) => unknown };
 const realRun = statementProto.run;
 statementProto.run = function (this: { reader: boolean; source: string }, ...args: unknown[]) {
-  // Every write statement, COMMIT included; a rollback frees, so it is never refused.
-  if (injected.on && !this.reader && !/^ROLLBACK/.test(this.source)) {
+  // Every write statement, COMMIT included (where a real full disk refuses a transaction); opening one or rolling back writes nothing.
+  if (injected.on && !this.reader && !/^(BEGIN|SAVEPOINT|RELEASE|ROLLBACK)/.test(this.source)) {
     const bytes = 64 + args.reduce<number>((n, a) => n + (typeof a === 'string' ? Buffer.byteLength(a) : 8), 0);
     if (injected.sqliteFull || !spend(bytes)) throw Object.assign(new Error('database or disk is full'), { code: 'SQLITE_FULL' });
   }
