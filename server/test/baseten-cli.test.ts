@@ -3,8 +3,8 @@ import type { RunningServer } from '../index.js';
 import { startTestServer } from './helpers.js';
 
 /**
- * Every call the Baseten CLI's `loops` commands make (PROTOCOL.md section 3,
- * "The Baseten CLI's calls"), made as its generated Go client makes them:
+ * Every call the Baseten CLI's `loops` commands make (as the truss CLI's
+ * source has them), made as its generated Go client makes them:
  * `Authorization: Api-Key`, no body and no Content-Type when there is none,
  * unset query values left out. That client treats any status but exactly
  * 200, or a Content-Type not starting with application/json, as an error, and

@@ -1,4 +1,4 @@
-/** TypeBox schemas of the sampler data plane (PROTOCOL.md section 5; the route names and bodies are the mock's choice). */
+/** TypeBox schemas of the sampler data plane (docs/protocol.md; the route names and bodies are the mock's choice). */
 import Type, { type Static } from 'typebox';
 import { STOP_MAX_CHARS, STOP_MAX_STRINGS } from '../../models/sampling.js';
 import { ModelInput } from './trainer.js';

@@ -1,4 +1,4 @@
-/** The trainer data plane's bodies (PROTOCOL.md sections 4 and 6): the door validates with these schemas, the core takes their static types. */
+/** The trainer data plane's bodies (Baseten's trainer docs; docs/protocol.md): the door validates with these schemas, the core takes their static types. */
 import Type, { type Static } from 'typebox';
 
 const strict = { additionalProperties: false } as const;

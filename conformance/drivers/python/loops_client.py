@@ -1,6 +1,6 @@
 """A small Loops client on the Python standard library, following the documented SDK behaviour.
 
-It doubles as runnable documentation of the protocol (PROTOCOL.md): every rule a client
+It doubles as runnable documentation of the protocol (docs/protocol.md): every rule a client
 must follow is written where it applies, with a comment saying why.
 
 `BROKEN` holds names of deliberate protocol violations, set by the driver's --broken
@@ -221,7 +221,7 @@ class Operation:
 
 
 class TrainingClient:
-    """One run's trainer: submit-then-poll operations (PROTOCOL.md section 4)."""
+    """One run's trainer: submit-then-poll operations (docs/protocol.md, the trainer data plane)."""
 
     def __init__(self, http_, run):
         self.http = http_
