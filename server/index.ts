@@ -127,6 +127,12 @@ async function warmEngines(engines: EnginePool, models: string[], log: FastifyBa
   }
 }
 
+/** A start on a full data dir serves reads; it says so, with the last refusal (writes resume once there is room). */
+function fullDiskNote(core: LoopsCore): string[] {
+  const b = core.store.background;
+  return b.isFailing ? [`the data dir refused writes at start (${b.lastMessage}); reads are served, writes answer 507 until there is room`] : [];
+}
+
 /**
  * Starts a loops-mock server. Options are the flags of `loops-mock serve` in camelCase (`warm: 'none'`,
  * `clock: 'virtual'`, `port: 0` for a free port), as flag text or typed; an unknown one is a ConfigError
@@ -274,7 +280,7 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
     ...(ca ? { ca } : {}),
     app,
     core,
-    notes: options.dataDir ? [...dataDirNotes, ...unrecordedNote(options.dataDir, core.checkpoints.recovery.unrecorded)] : [],
+    notes: options.dataDir ? [...dataDirNotes, ...unrecordedNote(options.dataDir, core.checkpoints.recovery.unrecorded), ...fullDiskNote(core)] : [],
     engine: () => (warm ? 'ready' : 'warming'),
     close,
     enginesClosed: closeEngines,

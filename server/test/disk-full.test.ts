@@ -274,6 +274,7 @@ describe('each write path on a full disk', () => {
     injected.sqliteFull = true;
     const second = await startTestServer({ dataDir });
     cleanups.push(() => second.close());
+    expect(second.notes.join('\n')).toMatch(/the data dir refused writes at start \(.*SQLITE_FULL.*\); reads are served, writes answer 507 until there is room/);
     const api = client(second);
     const got = await api.get(`/v1/loops/runs/${run.id}`);
     expect(got.status).toBe(200);
