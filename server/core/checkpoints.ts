@@ -105,6 +105,9 @@ export function readManifest(folder: string): { record: CheckpointRecord } | { p
   return { record: r as CheckpointRecord };
 }
 
+/** A save's scratch folder: `.<checkpoint id>.partial` (ids are 7 letters and digits); a name only a save makes. */
+export const SCRATCH = /^\.[A-Za-z0-9]{7}\.partial$/;
+
 /** What recovery did with a checkpoints folder's entries. */
 export interface RecoveryReport {
   /** Entries no record names and no save left unfinished: kept, not served. */
@@ -190,7 +193,7 @@ class DirectoryBlobs implements BlobStore {
   recover(records: ReadonlyMap<string, CheckpointRecord>): RecoveryReport {
     if (!existsSync(this.root)) return { unrecorded: [] };
     for (const name of readdirSync(this.root)) {
-      const saving = /^\.(.+)\.saving$/.exec(name);
+      const saving = /^\.([A-Za-z0-9]{7})\.saving$/.exec(name);
       if (!saving) continue;
       const id = saving[1]!;
       const target = join(this.root, id);
@@ -205,9 +208,9 @@ class DirectoryBlobs implements BlobStore {
     }
     for (const name of readdirSync(this.root)) {
       // Left by a loops-mock before markers: the old rule (restore it where the checkpoint's folder is gone).
-      const previous = /^\.(.+)\.previous$/.exec(name);
+      const previous = /^\.([A-Za-z0-9]{7})\.previous$/.exec(name);
       if (previous && !existsSync(join(this.root, previous[1]!))) renameSync(join(this.root, name), join(this.root, previous[1]!));
-      else if (previous || /^\..+\.partial$/.test(name)) rmSync(join(this.root, name), { recursive: true, force: true });
+      else if (previous || SCRATCH.test(name)) rmSync(join(this.root, name), { recursive: true, force: true });
     }
     syncFolder(this.root);
     return { unrecorded: readdirSync(this.root).filter((name) => !records.has(name)).sort() };

@@ -1,7 +1,7 @@
 import Database from 'better-sqlite3';
 import { existsSync, mkdirSync, readdirSync, renameSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import { MANIFEST_FILE, readManifest } from './checkpoints.js';
+import { MANIFEST_FILE, readManifest, SCRATCH } from './checkpoints.js';
 import type { CheckpointRecord } from './records.js';
 import { DataDirError, Store, WAYS_OUT } from './store.js';
 
@@ -56,7 +56,7 @@ function unreadableRecords(dataDir: string): string | undefined {
 /** The entries of the checkpoints folder that hold (or may hold) checkpoints: everything but a save's scratch folders. */
 function checkpointEntries(root: string): string[] {
   if (!existsSync(root)) return [];
-  return readdirSync(root).filter((name) => !/^\..+\.partial$/.test(name));
+  return readdirSync(root).filter((name) => !SCRATCH.test(name));
 }
 
 /** A folder in the data dir named for now, for what is set aside: never overwriting one from before. */

@@ -152,13 +152,19 @@ describe('the checkpoints folder at start, with its database', () => {
     const saved = await savedCheckpoint();
     const root = join(saved.dataDir, 'checkpoints');
     writeFileSync(join(root, 'notes.txt'), 'my notes');
+    // Named like a save's marks, but no save makes these names (a checkpoint id is 7 letters and digits).
+    writeFileSync(join(root, '.my-draft.partial'), 'draft');
+    mkdirSync(join(root, 'notes'));
+    writeFileSync(join(root, '.notes.saving'), '');
     mkdirSync(join(root, 'Abc1234'));
     writeFileSync(join(root, 'Abc1234', 'weights.bin'), 'x');
     const server = await start({ dataDir: saved.dataDir });
     expect(readFileSync(join(root, 'notes.txt'), 'utf8')).toBe('my notes');
     expect(existsSync(join(root, 'Abc1234', 'weights.bin'))).toBe(true);
+    expect(readFileSync(join(root, '.my-draft.partial'), 'utf8')).toBe('draft');
+    expect(existsSync(join(root, 'notes'))).toBe(true);
     expect(server.notes).toHaveLength(1);
-    expect(server.notes[0]).toContain(`${root} holds 2 entries no record names, kept and not served: Abc1234, notes.txt`);
+    expect(server.notes[0]).toContain(`${root} holds 5 entries no record names, kept and not served: .my-draft.partial, .notes.saving, Abc1234, notes, notes.txt`);
     expect((await download(server, saved.id)).statusCode).toBe(200);
   });
 
