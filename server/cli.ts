@@ -120,6 +120,18 @@ async function exportModel(argv: string[]): Promise<void> {
   }
 }
 
+/**
+ * Says in the server log whether the launcher's memory settings (bin/loops-mock.js: --expose-gc and
+ * MALLOC_MMAP_THRESHOLD_) are in effect here; without them memory comes back after a burst late or never.
+ */
+function logMemorySettings(log: { info(message: string): void; warn(message: string): void }): void {
+  const gc = typeof (globalThis as { gc?: unknown }).gc === 'function';
+  const threshold = process.env.MALLOC_MMAP_THRESHOLD_;
+  if (gc && threshold !== undefined) return log.info(`runtime memory settings: --expose-gc, MALLOC_MMAP_THRESHOLD_=${threshold}`);
+  const missing = [gc ? '' : '--expose-gc', threshold === undefined ? 'MALLOC_MMAP_THRESHOLD_' : ''].filter(Boolean).join(' and ');
+  log.warn(`runtime memory settings missing (${missing}): memory returns to the system slowly after bursts; start the server as loops-mock or node bin/loops-mock.js, which set them`);
+}
+
 /** `loops-mock [serve] [flags]`: starts the server and prints the variables a Loops client needs. */
 async function main(argv: string[]): Promise<void> {
   if (argv[0] === 'record') return record(argv.slice(1));
@@ -139,6 +151,7 @@ async function main(argv: string[]): Promise<void> {
   // --write-env is written by the server once it listens (server/index.ts), as startServer({ writeEnv }) does.
   let stopping = false;
   const server = await startWithOptions(options, { onParentGone: () => stop('its parent process gone') });
+  logMemorySettings(server.app.log);
   const lines = Object.entries(server.env).map(([k, v]) => `${k}=${v}`);
   const notes = [`# loops-mock ${VERSION} listening on ${server.url}${options.dataDir ? `, state in ${options.dataDir}` : ', state in memory'}`];
   notes.push(...server.notes.map((n) => `# ${n}`));

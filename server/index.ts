@@ -15,6 +15,7 @@ import { basetenUrls } from './proxy/baseten-hosts.js';
 import { defaultCaDir, LocalCa } from './proxy/ca.js';
 import { ForwardProxy } from './proxy/forward-proxy.js';
 import { watchParent } from './parent-watch.js';
+import { exposureWarnings } from './http/exposure.js';
 import { resolveStartOptions, type StartOptions } from './start-options.js';
 
 export { ManualClock, RealClock, type Clock } from './core/clock.js';
@@ -227,6 +228,8 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
     core.close();
     throw err;
   }
+  // Proxy mode or an open admin API on an address other machines reach: said, not refused (a trusted network may want it).
+  for (const warning of exposureWarnings({ host: options.host, proxy: options.proxy, admin: options.admin, adminToken: options.adminToken })) app.log.warn(warning);
   const address = app.server.address();
   const port = typeof address === 'object' && address ? address.port : options.port;
   const wildcard = options.host === '0.0.0.0' || options.host === '::';

@@ -1,0 +1,90 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { REPO_ROOT } from './helpers.js';
+
+// Issue 31 item 19: `node bin/loops-mock.js serve` (the docs' own way) ran without the launcher's memory
+// settings; --proxy or an open admin API on an address others reach started without a word. Real processes (dist/).
+
+const BIN = join(REPO_ROOT, 'bin', 'loops-mock.js');
+const started: ChildProcess[] = [];
+afterEach(() => { for (const p of started.splice(0)) if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL'); });
+
+interface Launched {
+  process: ChildProcess;
+  url: string;
+  /** The server's log lines (JSON) up to the CLI's memory-settings line, which follows every start-up line. */
+  log: () => Promise<{ level: number; msg: string }[]>;
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+}
+
+/** Starts `node bin/loops-mock.js serve ...` as a user would, with no settings of its own; resolves once the variables are printed. */
+function launch(args: string[], env: Record<string, string> = {}): Promise<Launched> {
+  const clean = Object.fromEntries(Object.entries(process.env).filter(([k]) => k !== 'MALLOC_MMAP_THRESHOLD_' && !k.startsWith('LOOPS_MOCK_') && k !== 'NODE_OPTIONS'));
+  const child = spawn(process.execPath, [BIN, 'serve', '--port', '0', '--warm', 'none', '--log-format', 'json', ...args], { env: { ...clean, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  started.push(child);
+  let out = '';
+  let err = '';
+  child.stderr!.on('data', (c) => { err += c; });
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
+  const lines = () => err.split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as { level: number; msg: string });
+  // stderr is its own pipe: its lines may arrive after stdout's variables.
+  const log = async () => {
+    while (!lines().some((l) => /^runtime memory settings/.test(l.msg)) && child.exitCode === null) await new Promise((r) => setTimeout(r, 50));
+    return lines();
+  };
+  return new Promise((resolve, reject) => {
+    child.stdout!.on('data', (c) => {
+      out += c;
+      const m = /^(?:LOOPS_BASE_URL|HTTPS_PROXY)=(\S+)$/m.exec(out);
+      if (m && out.includes('# dashboard:')) resolve({ process: child, url: m[1]!, log, exited });
+    });
+    void exited.then(({ code }) => reject(new Error(`exited ${code} before listening: ${err}`)));
+  });
+}
+
+/** Whether anything answers at `url` now. */
+async function answers(url: string): Promise<boolean> {
+  try {
+    await fetch(`${url}/healthz`);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+describe('node bin/loops-mock.js', () => {
+  it('runs the server with the memory settings in effect, and a SIGTERM to the command stops it gracefully (exit 0)', async () => {
+    const server = await launch([]);
+    const log = (await server.log()).map((l) => l.msg);
+    expect(log).toContain('runtime memory settings: --expose-gc, MALLOC_MMAP_THRESHOLD_=1048576');
+    expect(log.some((m) => /memory settings missing/.test(m))).toBe(false);
+    expect(await answers(server.url)).toBe(true);
+    server.process.kill('SIGTERM');
+    expect(await server.exited).toEqual({ code: 0, signal: null });
+    expect(await answers(server.url)).toBe(false);
+  });
+
+  it('leaves no server behind when the command is killed outright (SIGKILL)', async () => {
+    const server = await launch([]);
+    server.process.kill('SIGKILL');
+    await server.exited;
+    // The server's channel to the command closed with it: it stops (polled until then; no time is asserted).
+    while (await answers(server.url)) await new Promise((r) => setTimeout(r, 100));
+    expect(await answers(server.url)).toBe(false);
+  });
+
+  it('warns when --proxy, or --admin without a token, listens on an address other machines reach', async () => {
+    const caDir = mkdtempSync(join(tmpdir(), 'launcher-ca-'));
+    const open = await launch(['--host', '0.0.0.0', '--proxy', '--admin', '--ca-dir', caDir]);
+    const warnings = (await open.log()).filter((l) => l.level === 40).map((l) => l.msg);
+    expect(warnings.some((w) => /--host 0\.0\.0\.0 listens where other machines reach it, and --proxy makes the port a forward proxy/.test(w))).toBe(true);
+    expect(warnings.some((w) => /--admin without --admin-token lets any of them reset the server.*add --admin-token TOKEN/.test(w))).toBe(true);
+    open.process.kill('SIGTERM');
+    await open.exited;
+    const local = await launch(['--proxy', '--admin', '--ca-dir', caDir]);
+    expect((await local.log()).filter((l) => l.level === 40).map((l) => l.msg).filter((w) => /other machines/.test(w))).toEqual([]);
+  });
+});
