@@ -27,32 +27,32 @@ const CRLF = '\r\n';
 function templates(key: string): string[] {
   const auth = `Authorization: Bearer ${key}${CRLF}`;
   return [
-    `GET /v1/loops/runs HTTP/1.1${CRLF}Host: soak${CRLF}${auth}${CRLF}`,
-    `POST /v1/loops/sessions HTTP/1.1${CRLF}Host: soak${CRLF}${auth}Content-Type: application/json${CRLF}Content-Length: 2${CRLF}${CRLF}{}`,
-    `POST /v1/loops/sessions HTTP/1.1${CRLF}Host: soak${CRLF}${auth}Content-Type: application/json${CRLF}Transfer-Encoding: chunked${CRLF}${CRLF}2${CRLF}{}${CRLF}0${CRLF}${CRLF}`,
-    `GET /hf/api/models/Qwen/Qwen3.5-2B HTTP/1.1${CRLF}Host: soak${CRLF}${CRLF}`,
+    `GET /v1/loops/runs HTTP/1.1${CRLF}Host: localhost${CRLF}${auth}${CRLF}`,
+    `POST /v1/loops/sessions HTTP/1.1${CRLF}Host: localhost${CRLF}${auth}Content-Type: application/json${CRLF}Content-Length: 2${CRLF}${CRLF}{}`,
+    `POST /v1/loops/sessions HTTP/1.1${CRLF}Host: localhost${CRLF}${auth}Content-Type: application/json${CRLF}Transfer-Encoding: chunked${CRLF}${CRLF}2${CRLF}{}${CRLF}0${CRLF}${CRLF}`,
+    `GET /hf/api/models/Qwen/Qwen3.5-2B HTTP/1.1${CRLF}Host: localhost${CRLF}${CRLF}`,
   ];
 }
 
 /** The framing errors of issue 14 item 10 and their neighbours, each a whole request. */
 function fixedCases(key: string): string[] {
   const auth = `Authorization: Bearer ${key}${CRLF}`;
-  const get = (target: string, extra = '') => `GET ${target} HTTP/1.1${CRLF}Host: soak${CRLF}${auth}${extra}${CRLF}`;
-  const post = (headers: string, body: string) => `POST /v1/loops/sessions HTTP/1.1${CRLF}Host: soak${CRLF}${auth}Content-Type: application/json${CRLF}${headers}${CRLF}${body}`;
+  const get = (target: string, extra = '') => `GET ${target} HTTP/1.1${CRLF}Host: localhost${CRLF}${auth}${extra}${CRLF}`;
+  const post = (headers: string, body: string) => `POST /v1/loops/sessions HTTP/1.1${CRLF}Host: localhost${CRLF}${auth}Content-Type: application/json${CRLF}${headers}${CRLF}${body}`;
   return [
     get('/v1/loops/runs', `Bad header line${CRLF}`),
     post(`Content-Length: abc${CRLF}`, '{}'),
     post(`Content-Length: 2${CRLF}Transfer-Encoding: chunked${CRLF}`, `2${CRLF}{}${CRLF}0${CRLF}${CRLF}`),
     post(`Transfer-Encoding: chunked${CRLF}`, `zz${CRLF}{}${CRLF}0${CRLF}${CRLF}`),
-    `GET /v1/loops/\u0000runs HTTP/1.1${CRLF}Host: soak${CRLF}${CRLF}`,
+    `GET /v1/loops/\u0000runs HTTP/1.1${CRLF}Host: localhost${CRLF}${CRLF}`,
     get('v1/loops/runs'),
     get('/v1/loops/runs', `X Bad: 1${CRLF}`),
     get(`/v1/loops/runs?x=${'a'.repeat(17_000)}`),
     get('/v1/loops/runs', `X-Big: ${'b'.repeat(17_000)}${CRLF}`),
-    `BREW /v1/loops/runs HTTP/1.1${CRLF}Host: soak${CRLF}${CRLF}`,
-    `GET /v1/loops/runs HTTP/2.0${CRLF}Host: soak${CRLF}${CRLF}`,
+    `BREW /v1/loops/runs HTTP/1.1${CRLF}Host: localhost${CRLF}${CRLF}`,
+    `GET /v1/loops/runs HTTP/2.0${CRLF}Host: localhost${CRLF}${CRLF}`,
     `GET /v1/loops/runs${CRLF}${CRLF}`,
-    `GET /v1/loops/runs HTTP/1.1\nHost: soak\n\n`,
+    `GET /v1/loops/runs HTTP/1.1\nHost: localhost\n\n`,
     get('/v1/loops/runs', `X-Folded: a${CRLF} b${CRLF}`),
     post(`Content-Length: 2${CRLF}Content-Length: 3${CRLF}`, '{}'),
     post(`Content-Length: -1${CRLF}`, '{}'),
