@@ -159,6 +159,22 @@ const parseHostName = (flag: string) => (value: string): string => {
   return host;
 };
 
+/** A --proxy-passthrough target: HOST (its port 443 only) or HOST:PORT ([V6]:PORT); lower-cased, the port kept only when given. */
+function parsePassthrough(value: string): string {
+  const text = value.trim().toLowerCase();
+  const withPort = /^(\[[0-9a-f:.]+\]|[^:[\]]+):(\d+)$/.exec(text);
+  const port = withPort ? Number(withPort[2]) : undefined;
+  const problem = `--proxy-passthrough takes HOST (its port 443) or HOST:PORT, e.g. example.com,127.0.0.1:8080,[::1]:8443, got '${value}'`;
+  if (port !== undefined && (port < 1 || port > 65535)) throw new ConfigError(`${problem}: the port must be 1-65535`);
+  let host: string;
+  try {
+    host = parseHostName('proxy-passthrough')(withPort ? withPort[1]! : text);
+  } catch {
+    throw new ConfigError(problem);
+  }
+  return port === undefined ? host : `${host.includes(':') ? `[${host}]` : host}:${port}`;
+}
+
 type StartupKey = keyof StartupOptions;
 
 /** A start-up-only row as written below; `startupRows` adds what follows from it. */
@@ -313,8 +329,8 @@ const ENGINE_AND_ADMIN_ROWS: StartupRowSpecs<Exclude<StartupKey, keyof typeof LI
   caDir: { flag: 'ca-dir', default: undefined, shown: '~/.local/share/loops-mock/ca', help: "the proxy's CA folder (ca.pem, ca-key.pem, ca-bundle.pem), made at first start and reused; $XDG_DATA_HOME moves the default", parse: notEmpty('ca-dir') },
   proxyPassthrough: {
     flag: 'proxy-passthrough', default: [], shown: 'none', repeatable: 'adds to env',
-    help: 'HOST[,HOST...]: hosts the proxy tunnels untouched instead of refusing (they win over interception)',
-    parse: (v, hosts) => [...hosts, ...v.split(',').map(parseHostName('proxy-passthrough'))],
+    help: 'HOST[:PORT][,...]: what the proxy tunnels untouched instead of refusing (they win over interception); a bare HOST is its port 443 only',
+    parse: (v, hosts) => [...hosts, ...v.split(',').map(parsePassthrough)],
   },
   // Not --env-file: Node 20 takes an --env-file anywhere on its command line for itself, even after the script.
   writeEnv: { flag: 'write-env', default: undefined, shown: 'none', help: 'also write the printed client variables (KEY=value lines) to this file once listening, for scripts and CI services', parse: notEmpty('write-env') },

@@ -11,13 +11,24 @@ const MODEL_HOST = /^model-([a-z0-9]+)\.api\.baseten\.co$/;
 const DEPLOYMENT_PATH = /^\/deployment\/([A-Za-z0-9]+)\/sync(\/[^?]*)?(\?.*)?$/;
 const ENVIRONMENT_PATH = /^\/(?:environments\/[A-Za-z0-9_-]+|production|development)\/sync(\/[^?]*)?(\?.*)?$/;
 
-/** The hosts proxy mode terminates TLS for and answers itself; every other host is refused or passed through. */
+/** One DNS label under api.baseten.co: what a `*.api.baseten.co` certificate covers, and every shape Baseten hands out (`model-<id>`, `chain-<id>`). */
+const API_SUBDOMAIN = /^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.api\.baseten\.co$/;
+
+/**
+ * The hosts proxy mode terminates TLS for and answers itself; every other host
+ * is refused or passed through. Exactly the names the one leaf certificate
+ * covers (LEAF_NAMES): a deeper name under api.baseten.co is refused, as no
+ * client would accept the certificate for it.
+ */
 export function isInterceptedHost(host: string): boolean {
   const h = host.toLowerCase();
-  return h === BASETEN_API_HOST || h === BASETEN_APP_HOST || h === HUB_HOST || h.endsWith(`.${BASETEN_API_HOST}`);
+  return h === BASETEN_API_HOST || h === BASETEN_APP_HOST || h === HUB_HOST || API_SUBDOMAIN.test(h);
 }
 
-export const INTERCEPTED_HOSTS_TEXT = `${BASETEN_API_HOST}, *.${BASETEN_API_HOST}, ${BASETEN_APP_HOST} and ${HUB_HOST}`;
+/** The subject alternative names of the proxy's leaf certificate: the intercepted hosts, the first its common name. */
+export const LEAF_NAMES = [BASETEN_API_HOST, `*.${BASETEN_API_HOST}`, BASETEN_APP_HOST, HUB_HOST] as const;
+
+export const INTERCEPTED_HOSTS_TEXT = `${BASETEN_API_HOST}, *.${BASETEN_API_HOST} (one label), ${BASETEN_APP_HOST} and ${HUB_HOST}`;
 
 /**
  * URLs in Baseten's shapes, so that clients which accept only Baseten's hosts

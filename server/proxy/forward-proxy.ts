@@ -10,12 +10,28 @@ import type { LocalCa } from './ca.js';
 
 export interface ForwardProxyOptions {
   ca: LocalCa;
-  /** Hosts tunnelled (CONNECT) or forwarded (plain HTTP) untouched, by name; they win over interception. */
+  /**
+   * What is tunnelled (CONNECT) or forwarded (plain HTTP) untouched, as
+   * `HOST` (its port 443 only) or `HOST:PORT` (`[v6]:PORT`); these win over interception.
+   */
   passthrough: string[];
+  /** TLS handshakes in progress at once, past which a CONNECT is refused (503); MAX_HANDSHAKES unless set (tests lower it). */
+  maxHandshakes?: number;
 }
 
-/** A client that opens a tunnel and never finishes its handshake is let go after this. */
+/** A client that opens a tunnel and never finishes its handshake (or a passthrough host that never answers) is let go after this. */
 const HANDSHAKE_TIMEOUT_MS = 10_000;
+/**
+ * Handshakes in progress at once: each holds a file descriptor until it ends,
+ * so a flood of CONNECTs that never handshake could otherwise take every
+ * descriptor of a 1,024 limit and shut out direct clients. Half that limit:
+ * hundreds of honest clients connecting at once still all get in.
+ */
+const MAX_HANDSHAKES = 512;
+/** At most one log line a this often about refused handshakes, with how many were refused since the last. */
+const LIMIT_LOG_EVERY_MS = 5_000;
+/** Hop-by-hop headers a forwarded request or answer loses (RFC 9110 7.6.1), and the proxy's own credentials. */
+const HOP_BY_HOP = ['connection', 'keep-alive', 'proxy-authorization', 'proxy-authenticate', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade'];
 
 /** A CONNECT target or an absolute-form URL's authority. */
 const AUTHORITY = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/;
@@ -30,13 +46,29 @@ const AUTHORITY = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/;
  * would allow it. Each CONNECT and each refusal is in the journal.
  */
 export class ForwardProxy implements FrontOfHouse {
+  /** `host:port` keys (authorityKey) of what passes through. */
   private readonly passthrough: Set<string>;
   /** Tunnels and forwarded requests, ended at shutdown (the HTTP server no longer knows these sockets). */
   private readonly open = new Set<Socket>();
+  /** The decrypted side of every intercepted tunnel: a CONNECT or a proxy request arriving on one is refused, not nested. */
+  private readonly decrypted = new WeakSet<Socket>();
+  private readonly maxHandshakes: number;
+  private handshaking = 0;
+  private refusedSinceLog = 0;
+  private lastLimitLog = -Infinity;
+  private readonly warnings: ((message: string) => void)[] = [];
   private server: Server | null = null;
 
   constructor(private readonly core: LoopsCore, private readonly options: ForwardProxyOptions) {
-    this.passthrough = new Set(options.passthrough.map((h) => h.toLowerCase()));
+    this.passthrough = new Set(options.passthrough.map(passthroughKey));
+    this.maxHandshakes = options.maxHandshakes ?? MAX_HANDSHAKES;
+    // The leaf is read (or minted) now, at start, never while a client waits.
+    options.ca.context();
+  }
+
+  /** Told of limits being hit (refused handshakes), for the server's log. */
+  onWarning(listener: (message: string) => void): void {
+    this.warnings.push(listener);
   }
 
   get caFiles() {
@@ -62,27 +94,30 @@ export class ForwardProxy implements FrontOfHouse {
     const url = req.url ?? '/';
     if (!/^https?:\/\//i.test(url)) return false;
     const host = requestHost(url, undefined);
-    if (host && isInterceptedHost(host) && !this.passthrough.has(host)) return false;
+    const port = portOf(url);
+    const passes = host !== undefined && this.passes(host, port);
+    if (host && isInterceptedHost(host) && !passes) return false;
     const started = performance.now();
     const seq = this.core.journal.arrive();
     const time = this.now();
-    if (!host || !this.passthrough.has(host)) {
-      const reason = host ? refusalOf(host) : `the request target '${url.slice(0, 200)}' names no host`;
-      this.record({ seq, time, method: req.method ?? 'GET', path: url.split('?')[0]!, status: 403, started, action: 'refuse', host: host ?? '', port: portOf(url) });
+    const nested = this.decrypted.has(req.socket);
+    if (!host || !passes || nested) {
+      const reason = nested ? NESTED_REFUSAL : host ? refusalOf(host, port) : `the request target '${url.slice(0, 200)}' names no host`;
+      this.record({ seq, time, method: req.method ?? 'GET', path: url.split('?')[0]!, status: 403, started, action: 'refuse', host: host ?? '', port, ...(nested ? { error: 'inside a loops-mock tunnel' } : {}) });
       const body = JSON.stringify({ error: { type: 'proxy_refused', message: `${reason}.`, host: host ?? null, intercepted_hosts: INTERCEPTED_HOSTS_TEXT } });
       res.writeHead(403, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'x-loops-mock-version': VERSION, connection: 'close' });
       res.end(body);
       return true;
     }
     const target = new URL(url);
-    const upstream = httpRequest({ host: target.hostname, port: target.port || 80, method: req.method, path: `${target.pathname}${target.search}`, headers: req.headers }, (answer) => {
-      res.writeHead(answer.statusCode ?? 502, answer.headers);
+    const upstream = httpRequest({ host: target.hostname, port, method: req.method, path: `${target.pathname}${target.search}`, headers: endToEnd(req.headers) }, (answer) => {
+      res.writeHead(answer.statusCode ?? 502, endToEnd(answer.headers));
       answer.pipe(res);
-      this.record({ seq, time, method: req.method ?? 'GET', path: url.split('?')[0]!, status: answer.statusCode ?? 502, started, action: 'passthrough', host, port: Number(target.port || 80) });
+      this.record({ seq, time, method: req.method ?? 'GET', path: url.split('?')[0]!, status: answer.statusCode ?? 502, started, action: 'passthrough', host, port });
     });
     upstream.on('socket', (socket) => this.track(socket));
     upstream.on('error', (err) => {
-      this.record({ seq, time, method: req.method ?? 'GET', path: url.split('?')[0]!, status: 502, started, action: 'passthrough', host, port: Number(target.port || 80), error: err.message });
+      this.record({ seq, time, method: req.method ?? 'GET', path: url.split('?')[0]!, status: 502, started, action: 'passthrough', host, port, error: err.message });
       if (!res.headersSent) res.writeHead(502, { 'content-type': 'application/json', 'x-loops-mock-version': VERSION });
       res.end(JSON.stringify({ error: { type: 'bad_gateway', message: `loops-mock could not reach ${host} (a --proxy-passthrough host): ${err.message}.` } }));
     });
@@ -116,10 +151,14 @@ export class ForwardProxy implements FrontOfHouse {
     }
     const host = m[1]!.replace(/^\[|\]$/g, '').toLowerCase();
     const port = Number(m[2]);
-    if (this.passthrough.has(host)) return this.tunnel(socket, head, host, port, entry);
+    if (this.decrypted.has(socket)) {
+      entry(403, 'refuse', host, port, 'inside a loops-mock tunnel');
+      return refuseSocket(socket, 403, NESTED_REFUSAL, `${NESTED_REFUSAL}.`, { host, port });
+    }
+    if (this.passes(host, port)) return this.tunnel(socket, head, host, port, entry);
     if (!isInterceptedHost(host)) {
       entry(403, 'refuse', host, port);
-      return refuseSocket(socket, 403, refusalOf(host), `${refusalOf(host)}.`, { host });
+      return refuseSocket(socket, 403, refusalOf(host, port), `${refusalOf(host, port)}.`, { host, port });
     }
     if (port !== 443) {
       const reason = `loops-mock intercepts ${host} on port 443 only, where Baseten and the Hub serve HTTPS; a CONNECT to port ${port} is refused`;
@@ -131,22 +170,18 @@ export class ForwardProxy implements FrontOfHouse {
 
   /** TLS with a leaf for `host`, then the decrypted stream is one more connection of the HTTP server. */
   private intercept(socket: Socket, head: Buffer, host: string, port: number, entry: (status: number, action: ProxyAction, host: string, port: number, error?: string) => void): void {
-    let context;
-    try {
-      context = this.options.ca.contextFor(host);
-    } catch (err) {
-      entry(502, 'refuse', host, port, (err as Error).message);
-      return refuseSocket(socket, 502, 'loops-mock could not make a certificate', `loops-mock could not make a certificate for ${host}: ${(err as Error).message}.`);
+    if (this.handshaking >= this.maxHandshakes) {
+      const reason = `loops-mock has ${this.handshaking} TLS handshakes in progress, its limit; try again in a moment`;
+      entry(503, 'refuse', host, port, 'handshake limit');
+      this.limitHit();
+      return refuseSocket(socket, 503, reason, `${reason}.`, { host, limit: this.maxHandshakes });
     }
+    this.handshaking++;
     socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
     if (head.length) socket.unshift(head);
-    const tls = new TLSSocket(socket, {
-      isServer: true,
-      secureContext: context,
-      ALPNProtocols: ['http/1.1'],
-      // A client that names another intercepted host in SNI gets that host's certificate.
-      SNICallback: (name, done) => done(null, isInterceptedHost(name) ? this.options.ca.contextFor(name) : context),
-    });
+    // One certificate names every intercepted host, whatever the client puts in SNI.
+    const tls = new TLSSocket(socket, { isServer: true, secureContext: this.options.ca.context(), ALPNProtocols: ['http/1.1'] });
+    this.decrypted.add(tls);
     // Until its handshake ends the connection is the proxy's to end at shutdown; then the HTTP server's (idle ones closed, busy ones finished).
     this.track(socket);
     const stalled = setTimeout(() => {
@@ -159,9 +194,17 @@ export class ForwardProxy implements FrontOfHouse {
     const settle = (error?: string) => {
       if (settled) return;
       settled = true;
+      this.handshaking--;
       clearTimeout(stalled);
       entry(200, 'intercept', host, port, error);
     };
+    const gone = `the client closed the connection before the TLS handshake ended: most likely it does not trust the loops-mock CA (${this.options.ca.files.cert})`;
+    // A client gone before its handshake ends frees its socket now, not when the handshake times out.
+    tls.once('end', () => {
+      if (settled) return;
+      settle(gone);
+      tls.destroy();
+    });
     tls.once('secure', () => {
       settle();
       this.open.delete(socket);
@@ -172,7 +215,7 @@ export class ForwardProxy implements FrontOfHouse {
       tls.destroy();
     });
     tls.once('close', () => {
-      settle(`the client closed the connection before the TLS handshake ended: most likely it does not trust the loops-mock CA (${this.options.ca.files.cert})`);
+      settle(gone);
       socket.destroy();
     });
     socket.once('close', () => tls.destroy());
@@ -182,23 +225,63 @@ export class ForwardProxy implements FrontOfHouse {
     const upstream = connect({ host, port });
     this.track(upstream);
     this.track(socket);
+    let established = false;
+    const unreachable = (why: string) => {
+      entry(502, 'passthrough', host, port, why);
+      const reason = `loops-mock could not reach ${authorityText(host, port)}`;
+      refuseSocket(socket, 502, reason, `${reason} (a --proxy-passthrough target): ${why}.`, { host, port });
+      upstream.destroy();
+    };
+    upstream.setTimeout(HANDSHAKE_TIMEOUT_MS, () => {
+      if (!established) unreachable(`no connection within ${HANDSHAKE_TIMEOUT_MS / 1000} s`);
+    });
+    // Read the client from the start, so that its leaving is seen at once; what it sends early is kept for the upstream.
+    const early: Buffer[] = head.length ? [head] : [];
+    const keep = (chunk: Buffer) => early.push(chunk);
+    socket.on('data', keep);
     upstream.once('connect', () => {
+      established = true;
+      upstream.setTimeout(0);
       entry(200, 'passthrough', host, port);
       socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
-      if (head.length) upstream.write(head);
+      socket.off('data', keep);
+      for (const chunk of early) upstream.write(chunk);
       upstream.pipe(socket);
       socket.pipe(upstream);
     });
     upstream.on('error', (err) => {
-      if (upstream.connecting || !socket.writable) {
-        entry(502, 'passthrough', host, port, err.message);
-        refuseSocket(socket, 502, `loops-mock could not reach ${host}:${port}`, `loops-mock could not reach ${host}:${port} (a --proxy-passthrough host): ${err.message}.`);
-      } else {
+      // Before the tunnel stands the client is owed the 502; after, its end of the tunnel just closes.
+      if (!established) unreachable(err.message);
+      else socket.destroy();
+    });
+    // A client gone before the tunnel stands takes its upstream connection with it, at once.
+    socket.once('end', () => {
+      if (!established) {
+        entry(499, 'passthrough', host, port, 'the client closed the connection before the tunnel stood');
+        upstream.destroy();
         socket.destroy();
       }
     });
     socket.on('close', () => upstream.destroy());
-    upstream.on('close', () => socket.destroy());
+    upstream.on('close', () => {
+      if (established) socket.destroy();
+    });
+  }
+
+  /** Whether `host:port` is a passthrough target. */
+  private passes(host: string, port: number): boolean {
+    return this.passthrough.has(authorityKey(host, port));
+  }
+
+  /** A refused handshake, in the log: the first of a burst at once, then at most every LIMIT_LOG_EVERY_MS with the count. */
+  private limitHit(): void {
+    this.refusedSinceLog++;
+    const now = performance.now();
+    if (now - this.lastLimitLog < LIMIT_LOG_EVERY_MS) return;
+    const message = `proxy: ${this.refusedSinceLog} CONNECT(s) refused with 503: ${this.maxHandshakes} TLS handshakes already in progress (clients that open tunnels and never handshake?)`;
+    this.lastLimitLog = now;
+    this.refusedSinceLog = 0;
+    for (const warn of this.warnings) warn(message);
   }
 
   private track(socket: Socket): void {
@@ -222,9 +305,41 @@ export class ForwardProxy implements FrontOfHouse {
   }
 }
 
-function refusalOf(host: string): string {
+const NESTED_REFUSAL = 'loops-mock refuses a proxy request sent inside one of its own tunnels; send it to the proxy port itself';
+
+/** A passthrough entry as its key: `HOST` is port 443, `HOST:PORT` and `[V6]:PORT` name theirs. */
+export function passthroughKey(entry: string): string {
+  const text = entry.trim().toLowerCase();
+  const bracketed = /^\[([0-9a-f:.]+)\](?::(\d+))?$/.exec(text);
+  if (bracketed) return authorityKey(bracketed[1]!, Number(bracketed[2] ?? 443));
+  // More than one colon and no brackets: an IPv6 address without a port.
+  if (text.split(':').length > 2) return authorityKey(text, 443);
+  const [host, port] = text.split(':');
+  return authorityKey(host!, Number(port ?? 443));
+}
+
+function authorityKey(host: string, port: number): string {
+  return `${host.toLowerCase()}#${port}`;
+}
+
+/** `host:port` as a client writes it (IPv6 in brackets). */
+function authorityText(host: string, port: number): string {
+  return `${host.includes(':') ? `[${host}]` : host}:${port}`;
+}
+
+/** Why a host is refused, with the --proxy-passthrough value that would let it through (the bare host means port 443). */
+function refusalOf(host: string, port: number): string {
   const safe = host.replace(/[^A-Za-z0-9.:-]/g, '?');
-  return `loops-mock does not proxy ${safe}: it answers ${INTERCEPTED_HOSTS_TEXT} itself; tunnel others with --proxy-passthrough ${safe}`;
+  const named = port === 443 ? (safe.includes(':') ? `[${safe}]` : safe) : authorityText(safe, port);
+  return `loops-mock does not proxy ${named}: it answers ${INTERCEPTED_HOSTS_TEXT} itself; tunnel others with --proxy-passthrough ${named}`;
+}
+
+/** Headers without the hop-by-hop ones, nor those the Connection header names. */
+function endToEnd(headers: IncomingMessage['headers']): IncomingMessage['headers'] {
+  const named = String(headers.connection ?? '').toLowerCase().split(',').map((h) => h.trim()).filter(Boolean);
+  const out: IncomingMessage['headers'] = {};
+  for (const [name, value] of Object.entries(headers)) if (!HOP_BY_HOP.includes(name) && !named.includes(name)) out[name] = value;
+  return out;
 }
 
 /** The port of an absolute-form URL, for the journal. */

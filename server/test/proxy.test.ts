@@ -1,8 +1,8 @@
 import { execFile, spawn } from 'node:child_process';
 import { X509Certificate } from 'node:crypto';
-import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
-import { createServer, request as httpRequest, type Server } from 'node:http';
-import { connect, type AddressInfo } from 'node:net';
+import { cpSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { createServer, request as httpRequest, type IncomingHttpHeaders, type Server } from 'node:http';
+import { connect, createServer as createTcpServer, type AddressInfo, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { connect as tlsConnect } from 'node:tls';
@@ -10,7 +10,10 @@ import { promisify } from 'node:util';
 import { ProxyAgent, fetch as undiciFetch } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EnginePool } from '../../models/index.js';
-import type { RunningServer } from '../index.js';
+import { parseOptions, type RunningServer } from '../index.js';
+import { LoopsCore } from '../core/core.js';
+import { LocalCa } from '../proxy/ca.js';
+import { ForwardProxy } from '../proxy/forward-proxy.js';
 import { REPO_ROOT, startTestServer } from './helpers.js';
 
 const run = promisify(execFile);
@@ -49,9 +52,9 @@ async function viaProxy(url: string, init: { method?: string; body?: unknown; he
 }
 
 /** A raw CONNECT: the status line and headers of the proxy's answer, and the socket for what follows. */
-function rawConnect(target: string): Promise<{ head: string; body: string; socket: import('node:net').Socket }> {
+function rawConnect(target: string, url = server.url): Promise<{ head: string; body: string; socket: Socket }> {
   return new Promise((resolve, reject) => {
-    const socket = connect(Number(new URL(server.url).port), '127.0.0.1');
+    const socket = connect(Number(new URL(url).port), '127.0.0.1');
     let data = '';
     socket.once('connect', () => socket.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n\r\n`));
     socket.on('error', reject);
@@ -70,13 +73,46 @@ function rawConnect(target: string): Promise<{ head: string; body: string; socke
 }
 
 /** The journal's proxy entries, once the one sought has landed (a handshake failure is recorded a moment after the client gives up). */
-async function proxyEntry(match: (e: ReturnType<RunningServer['core']['journal']['query']>[number]) => boolean) {
+async function proxyEntry(match: (e: ReturnType<RunningServer['core']['journal']['query']>[number]) => boolean, core = server.core) {
   for (let i = 0; i < 50; i++) {
-    const found = server.core.journal.query({ surface: 'proxy' }).find(match);
+    const found = core.journal.query({ surface: 'proxy' }).find(match);
     if (found) return found;
     await new Promise((r) => setTimeout(r, 20));
   }
   throw new Error('no such proxy journal entry');
+}
+
+/** A verified TLS handshake for `name` through a CONNECT to `target` (the client checks chain and name): the leaf it was shown. */
+async function leafShown(name: string, target = `${name}:443`): Promise<X509Certificate> {
+  const { head, socket } = await rawConnect(target);
+  expect(head).toMatch(/^HTTP\/1\.1 200/);
+  return new Promise((resolve, reject) => {
+    const tls = tlsConnect({ socket, servername: name, ca: readFileSync(join(caDir, 'ca.pem'), 'utf8') });
+    tls.once('secureConnect', () => {
+      const leaf = tls.getPeerX509Certificate()!;
+      tls.destroy();
+      resolve(leaf);
+    });
+    tls.once('error', reject);
+  });
+}
+
+/** The certificate in the leaf file kept beside the CA. */
+function keptLeaf(dir = caDir): X509Certificate {
+  return new X509Certificate(/-----BEGIN CERTIFICATE-----[^-]+-----END CERTIFICATE-----\r?\n/.exec(readFileSync(join(dir, 'leaf.pem'), 'utf8'))![0]);
+}
+
+/** A plain-HTTP proxy request (absolute-form target) to the proxy at `url`. */
+function plainProxyRequest(url: string, target: string, headers: Record<string, string> = {}): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest({ host: '127.0.0.1', port: Number(new URL(url).port), path: target, headers: { host: new URL(target).host, ...headers } }, (res) => {
+      let text = '';
+      res.on('data', (d: Buffer) => { text += d.toString(); });
+      res.on('end', () => resolve({ status: res.statusCode!, body: text }));
+    });
+    req.on('error', reject);
+    req.end();
+  });
 }
 
 describe('the local CA', () => {
@@ -93,6 +129,8 @@ describe('the local CA', () => {
     expect(bundle.endsWith(pem)).toBe(true);
     expect(bundle.split('BEGIN CERTIFICATE').length).toBeGreaterThan(100);
 
+    await leafShown('api.baseten.co');
+    const leafBefore = keptLeaf().fingerprint256;
     const again = await startTestServer({ proxy: true, caDir, engines });
     try {
       expect(readFileSync(join(caDir, 'ca.pem'), 'utf8')).toBe(pem);
@@ -100,9 +138,49 @@ describe('the local CA', () => {
       const res = await undiciFetch('https://api.baseten.co/v1/loops/capabilities', { dispatcher: other, headers: { authorization: `Bearer ${KEY}` } });
       expect(res.status).toBe(200);
       await other.close();
+      // The leaf is the one kept beside the CA, not one minted by this start.
+      const shown = await new Promise<X509Certificate>((resolve, reject) => {
+        rawConnect('api.baseten.co:443', again.url).then(({ socket }) => {
+          const tls = tlsConnect({ socket, servername: 'api.baseten.co', ca: pem });
+          tls.once('secureConnect', () => { resolve(tls.getPeerX509Certificate()!); tls.destroy(); });
+          tls.once('error', reject);
+        }, reject);
+      });
+      expect([shown.fingerprint256, keptLeaf().fingerprint256]).toEqual([leafBefore, leafBefore]);
     } finally {
       await again.close();
     }
+  });
+
+  it('shows one leaf, kept beside the CA, for every intercepted name: no CONNECT mints a certificate', async () => {
+    const names = ['api.baseten.co', 'app.baseten.co', 'huggingface.co', 'model-abc123.api.baseten.co', 'model-zz9.api.baseten.co', 'chain-q1.api.baseten.co'];
+    const leaves = [];
+    for (const name of names) leaves.push(await leafShown(name));
+    // SNI naming another intercepted host than the CONNECT target: the same leaf, and it verifies for that name.
+    leaves.push(await leafShown('model-other.api.baseten.co', 'api.baseten.co:443'));
+    expect(new Set(leaves.map((l) => l.fingerprint256)).size).toBe(1);
+    const kept = keptLeaf();
+    expect(leaves[0]!.fingerprint256).toBe(kept.fingerprint256);
+    expect(kept.subjectAltName).toBe('DNS:api.baseten.co, DNS:*.api.baseten.co, DNS:app.baseten.co, DNS:huggingface.co');
+    expect(kept.checkIssued(new X509Certificate(readFileSync(join(caDir, 'ca.pem'), 'utf8')))).toBe(true);
+    // An EC key: each handshake costs the server a P-256 signature, not an RSA one.
+    expect(kept.publicKey.asymmetricKeyType).toBe('ec');
+    // It holds the leaf's key: owner-only, as the CA's key is.
+    expect(statSync(join(caDir, 'leaf.pem')).mode & 0o777).toBe(0o600);
+  });
+
+  it('mints the leaf again when the kept one is not usable (another CA, or damaged)', async () => {
+    const copy = join(dir, 'ca-copy');
+    cpSync(caDir, copy, { recursive: true });
+    const other = join(dir, 'ca-other');
+    LocalCa.open(other).context();
+    // A leaf of another CA, then a damaged file: each is replaced by one this CA signed.
+    for (const planted of [readFileSync(join(other, 'leaf.pem'), 'utf8'), 'not a certificate\n']) {
+      writeFileSync(join(copy, 'leaf.pem'), planted);
+      LocalCa.open(copy).context();
+      expect(keptLeaf(copy).checkIssued(new X509Certificate(readFileSync(join(copy, 'ca.pem'), 'utf8')))).toBe(true);
+    }
+    expect(keptLeaf(copy).fingerprint256).not.toBe(keptLeaf().fingerprint256);
   });
 
   it('`loops-mock ca` prints where it is and its PEM', async () => {
@@ -233,6 +311,12 @@ describe('what the proxy refuses, and why', () => {
     expect((await proxyEntry((e) => e.path === 'api.baseten.co:8443')).proxy?.action).toBe('refuse');
   });
 
+  it('a name two labels under api.baseten.co, which the leaf does not cover', async () => {
+    const { head, socket } = await rawConnect('a.b.api.baseten.co:443');
+    socket.destroy();
+    expect(head).toMatch(/^HTTP\/1\.1 403 loops-mock does not proxy a\.b\.api\.baseten\.co: /);
+  });
+
   it('a malformed CONNECT target', async () => {
     const { head, socket } = await rawConnect('no-port-here');
     socket.destroy();
@@ -254,11 +338,59 @@ describe('what the proxy refuses, and why', () => {
   });
 });
 
+describe('clients that leave, and the handshake limit', () => {
+  it('a CONNECT whose client leaves before its handshake frees its socket at once, not after the 10 s handshake timeout', async () => {
+    const { head, socket } = await rawConnect('api.baseten.co:443');
+    expect(head).toMatch(/^HTTP\/1\.1 200/);
+    const before = server.core.journal.query({ surface: 'proxy' }).length;
+    socket.end();
+    const closed = new Promise((r) => socket.once('close', r));
+    // The proxy ends its side too (the client sees the close), and the journal says why, well within the 10 s.
+    await closed;
+    const entry = await proxyEntry((e) => e.seq > 0 && server.core.journal.query({ surface: 'proxy' }).indexOf(e) >= before && /client closed the connection before the TLS handshake/.test(e.proxy?.error ?? ''));
+    expect(entry.proxy?.action).toBe('intercept');
+  });
+
+  it('past the handshake limit a CONNECT is refused with 503, logged, and let in again once one ends', async () => {
+    const core = new LoopsCore({ engines });
+    const http = createServer((_req, res) => res.end());
+    const proxy = new ForwardProxy(core, { ca: LocalCa.open(caDir), passthrough: [], maxHandshakes: 2 });
+    const warnings: string[] = [];
+    proxy.onWarning((m) => warnings.push(m));
+    proxy.attach(http);
+    await new Promise<void>((r) => http.listen(0, '127.0.0.1', r));
+    const url = `http://127.0.0.1:${(http.address() as AddressInfo).port}`;
+    try {
+      const first = await rawConnect('api.baseten.co:443', url);
+      const second = await rawConnect('api.baseten.co:443', url);
+      expect([first.head, second.head].every((h) => h.startsWith('HTTP/1.1 200'))).toBe(true);
+      const third = await rawConnect('api.baseten.co:443', url);
+      third.socket.destroy();
+      expect(third.head).toMatch(/^HTTP\/1\.1 503 loops-mock has 2 TLS handshakes in progress, its limit/);
+      expect(JSON.parse(third.body).error).toMatchObject({ limit: 2 });
+      expect(warnings).toHaveLength(1);
+      expect(warnings[0]).toMatch(/1 CONNECT\(s\) refused with 503: 2 TLS handshakes already in progress/);
+      expect((await proxyEntry((e) => e.status === 503, core)).proxy).toMatchObject({ action: 'refuse', error: 'handshake limit' });
+      first.socket.destroy();
+      await proxyEntry((e) => e.status === 200 && /client closed/.test(e.proxy?.error ?? ''), core);
+      const fourth = await rawConnect('api.baseten.co:443', url);
+      expect(fourth.head).toMatch(/^HTTP\/1\.1 200/);
+      fourth.socket.destroy();
+      second.socket.destroy();
+    } finally {
+      proxy.close();
+      http.closeAllConnections();
+      await new Promise((r) => http.close(r));
+      core.close();
+    }
+  });
+});
+
 describe('shutdown in proxy mode', () => {
   it('does not wait on kept-alive intercepted connections, open tunnels or unfinished handshakes', async () => {
     const upstream = createServer((_req, res) => res.end('up'));
     await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', r));
-    const closing = await startTestServer({ proxy: true, caDir, engines, proxyPassthrough: ['127.0.0.1'] });
+    const closing = await startTestServer({ proxy: true, caDir, engines, proxyPassthrough: [`127.0.0.1:${(upstream.address() as AddressInfo).port}`] });
     const port = Number(new URL(closing.url).port);
     const keptAlive = new ProxyAgent({ uri: closing.url, requestTls: { ca: readFileSync(join(caDir, 'ca.pem'), 'utf8') } });
     expect((await undiciFetch('https://api.baseten.co/v1/loops/capabilities', { dispatcher: keptAlive, headers: { authorization: 'Bearer k' } })).status).toBe(200);
@@ -283,11 +415,22 @@ describe('shutdown in proxy mode', () => {
 describe('--proxy-passthrough', () => {
   let upstream: Server;
   let passing: RunningServer;
+  let seen: IncomingHttpHeaders | undefined;
+  /** A port nothing listens on: a passthrough target the proxy cannot reach. */
+  let deadPort: number;
 
   beforeAll(async () => {
-    upstream = createServer((req, res) => res.end(`upstream saw ${req.method} ${req.url}`));
+    upstream = createServer((req, res) => {
+      seen = req.headers;
+      res.end(`upstream saw ${req.method} ${req.url}`);
+    });
     await new Promise<void>((r) => upstream.listen(0, '127.0.0.1', r));
-    passing = await startTestServer({ proxy: true, caDir, engines, proxyPassthrough: ['127.0.0.1'] });
+    const dead = createTcpServer();
+    await new Promise<void>((r) => dead.listen(0, '127.0.0.1', r));
+    deadPort = (dead.address() as AddressInfo).port;
+    await new Promise((r) => dead.close(r));
+    const port = (upstream.address() as AddressInfo).port;
+    passing = await startTestServer({ proxy: true, caDir, engines, proxyPassthrough: [`127.0.0.1:${port}`, `127.0.0.1:${deadPort}`, 'localhost'] });
   });
   afterAll(async () => {
     await passing?.close();
@@ -329,6 +472,74 @@ describe('--proxy-passthrough', () => {
     expect(entries.filter((e) => e.proxy?.action === 'passthrough' && e.host === '127.0.0.1')).toHaveLength(2);
   });
 
+  it('passes only the ports it was given: a bare host is its port 443, HOST:PORT names another', async () => {
+    const port = (upstream.address() as AddressInfo).port;
+    // localhost was given bare: its port 443 would tunnel, the upstream's port on it does not.
+    const bare = await rawConnect(`localhost:${port}`, passing.url);
+    bare.socket.destroy();
+    expect(bare.head).toMatch(new RegExp(`^HTTP/1\\.1 403 loops-mock does not proxy localhost:${port}: .*--proxy-passthrough localhost:${port}`));
+    const otherPort = await rawConnect(`127.0.0.1:${port + 1 === deadPort ? port + 2 : port + 1}`, passing.url);
+    otherPort.socket.destroy();
+    expect(otherPort.head).toMatch(/^HTTP\/1\.1 403 loops-mock does not proxy 127\.0\.0\.1:/);
+    // Plain HTTP to a bare host's port 80 is not its port 443 either.
+    const plain = await plainProxyRequest(passing.url, 'http://localhost/x');
+    expect(plain.status).toBe(403);
+    expect(JSON.parse(plain.body).error.message).toMatch(/--proxy-passthrough localhost:80/);
+  });
+
+  it('answers 502, with the reason and a JSON body, when a passthrough target cannot be reached', async () => {
+    const { head, body, socket } = await rawConnect(`127.0.0.1:${deadPort}`, passing.url);
+    socket.destroy();
+    expect(head).toMatch(new RegExp(`^HTTP/1\\.1 502 loops-mock could not reach 127\\.0\\.0\\.1:${deadPort}`));
+    expect(JSON.parse(body).error).toMatchObject({ type: 'bad_gateway', port: deadPort });
+    expect((await proxyEntry((e) => e.path === `127.0.0.1:${deadPort}`, passing.core)).status).toBe(502);
+  });
+
+  it('does not forward the proxy\'s own headers (Proxy-Authorization, Proxy-Connection) nor hop-by-hop ones upstream', async () => {
+    const port = (upstream.address() as AddressInfo).port;
+    seen = undefined;
+    const res = await plainProxyRequest(passing.url, `http://127.0.0.1:${port}/h`, { 'proxy-authorization': 'Basic c2VjcmV0', 'proxy-connection': 'keep-alive', connection: 'x-hop', 'x-hop': '1', 'x-kept': 'yes' });
+    expect(res.body).toBe('upstream saw GET /h');
+    expect(seen).toMatchObject({ 'x-kept': 'yes' });
+    expect(Object.keys(seen!).filter((h) => ['proxy-authorization', 'proxy-connection', 'x-hop'].includes(h))).toEqual([]);
+  });
+
+  it('refuses a CONNECT, or a proxy request, sent inside one of its own intercepted tunnels', async () => {
+    const port = (upstream.address() as AddressInfo).port;
+    const { socket } = await rawConnect('api.baseten.co:443', passing.url);
+    const tls = tlsConnect({ socket, servername: 'api.baseten.co', ca: readFileSync(join(caDir, 'ca.pem'), 'utf8') });
+    await new Promise((r, j) => { tls.once('secureConnect', r); tls.once('error', j); });
+    const answer = (text: string) => new Promise<string>((resolve) => {
+      let data = '';
+      tls.on('data', (d: Buffer) => {
+        data += d.toString();
+        if (data.includes('}')) resolve(data);
+      });
+      tls.write(text);
+    });
+    // Without the check the inner CONNECT would open a tunnel to the passthrough upstream.
+    const nested = await answer(`CONNECT 127.0.0.1:${port} HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\n\r\n`);
+    expect(nested).toMatch(/^HTTP\/1\.1 403 loops-mock refuses a proxy request sent inside one of its own tunnels/);
+    tls.destroy();
+
+    const again = await rawConnect('api.baseten.co:443', passing.url);
+    const inner = tlsConnect({ socket: again.socket, servername: 'api.baseten.co', ca: readFileSync(join(caDir, 'ca.pem'), 'utf8') });
+    await new Promise((r, j) => { inner.once('secureConnect', r); inner.once('error', j); });
+    const forwarded = await new Promise<string>((resolve) => {
+      let data = '';
+      inner.on('data', (d: Buffer) => { data += d.toString(); });
+      inner.on('end', () => resolve(data));
+      inner.write(`GET http://127.0.0.1:${port}/nested HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nConnection: close\r\n\r\n`);
+    });
+    inner.destroy();
+    expect(forwarded).toMatch(/^HTTP\/1\.1 403/);
+    expect(forwarded).not.toContain('upstream saw');
+  });
+
+  it('reads HOST and HOST:PORT from the command line', () => {
+    expect(parseOptions(['--proxy-passthrough', 'Example.com,127.0.0.1:8080,[::1]:8443,::1']).proxyPassthrough).toEqual(['example.com', '127.0.0.1:8080', '[::1]:8443', '::1']);
+  });
+
   it('refuses a bad --proxy-passthrough and --public-url with --proxy at start', async () => {
     const cli = (args: string[]) => new Promise<{ code: number | null; stderr: string }>((resolve) => {
       const child = spawn('npx', ['tsx', join(REPO_ROOT, 'server/cli.ts'), '--port', '0', '--proxy', '--ca-dir', caDir, ...args], { cwd: REPO_ROOT });
@@ -336,9 +547,12 @@ describe('--proxy-passthrough', () => {
       child.stderr.on('data', (d: Buffer) => { stderr += d.toString(); });
       child.on('close', (code) => resolve({ code, stderr }));
     });
-    const badHost = await cli(['--proxy-passthrough', 'example.com:443']);
+    const badHost = await cli(['--proxy-passthrough', 'example.com:99999']);
     expect(badHost.code).toBe(2);
-    expect(badHost.stderr).toMatch(/--proxy-passthrough takes host names or IP addresses without a port/);
+    expect(badHost.stderr).toMatch(/--proxy-passthrough takes HOST \(its port 443\) or HOST:PORT, .*got 'example.com:99999': the port must be 1-65535/);
+    const badName = await cli(['--proxy-passthrough', 'exa mple.com']);
+    expect(badName.code).toBe(2);
+    expect(badName.stderr).toMatch(/--proxy-passthrough takes HOST \(its port 443\) or HOST:PORT/);
     const both = await cli(['--public-url', 'http://example.com']);
     expect(both.code).toBe(2);
     expect(both.stderr).toMatch(/--public-url does not go with --proxy/);
