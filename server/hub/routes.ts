@@ -1,3 +1,4 @@
+import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import Type from 'typebox';
@@ -60,14 +61,16 @@ export function hubRoutes(appIn: FastifyInstance, core: LoopsCore): void {
     reply.header('content-type', file.name.endsWith('.json') ? 'application/json' : 'application/octet-stream');
     reply.header('content-disposition', `inline; filename="${file.name}"`);
     const range = req.headers.range;
-    if (range === undefined) return reply.send(file.content);
-    const span = parseRange(range, file.size);
+    const span = range === undefined ? { start: 0, end: file.size - 1 } : parseRange(range, file.size);
     if (!span) {
       reply.header('content-range', `bytes */${file.size}`);
       return sendError(reply, 416, 'range_not_satisfiable', `Range '${range}' does not fit ${file.name} (${file.size} bytes): send bytes=START-[END] within it.`, { field: 'Range' });
     }
-    reply.code(206).header('content-range', `bytes ${span.start}-${span.end}/${file.size}`);
-    return reply.send(file.content.subarray(span.start, span.end + 1));
+    if (range !== undefined) reply.code(206).header('content-range', `bytes ${span.start}-${span.end}/${file.size}`);
+    // HEAD answers from the listing: an evicted repo's weights are not made again just to be measured.
+    if (req.method === 'HEAD') return reply.header('content-length', String(span.end - span.start + 1)).send(Readable.from([]));
+    const content = core.hub.content(repo, file);
+    return reply.send(range === undefined ? content : content.subarray(span.start, span.end + 1));
   });
 }
 

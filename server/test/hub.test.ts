@@ -2,8 +2,9 @@ import { createHash } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { EnginePool, Tokenizers } from '../../models/index.js';
+import { HubRepos } from '../core/hub-repos.js';
 import type { RunningServer } from '../index.js';
 import { startTestServer } from './helpers.js';
 
@@ -114,6 +115,76 @@ describe('the Hub mirror', () => {
       await custom.close();
       await engines.close();
       rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('answers HEAD for the weights from the listing, without making evicted weights again; GET makes the same bytes', async () => {
+    const hub = server.core.hub;
+    const url = `${hf}/${MODEL}/resolve/main/model.safetensors`;
+    const before = await fetch(url, { method: 'HEAD' });
+    // Listing more repos than the mirror holds weights for evicts MODEL's.
+    for (const other of hub.ids().filter((id) => id !== MODEL).slice(0, 3)) expect((await fetch(`${hf}/api/models/${other}`)).status).toBe(200);
+    expect(hub.holdsWeights(MODEL)).toBe(false);
+    const head = await fetch(url, { method: 'HEAD' });
+    expect(head.status).toBe(200);
+    expect(hub.holdsWeights(MODEL)).toBe(false);
+    for (const h of ['etag', 'x-linked-etag', 'x-linked-size', 'content-length', 'x-repo-commit']) expect(head.headers.get(h), h).toBe(before.headers.get(h));
+    const part = await fetch(url, { method: 'HEAD', headers: { range: 'bytes=8-' } });
+    expect(part.status).toBe(206);
+    expect(Number(part.headers.get('content-length'))).toBe(Number(before.headers.get('content-length')) - 8);
+    const body = Buffer.from(await (await fetch(url)).arrayBuffer());
+    expect(`"${createHash('sha256').update(body).digest('hex')}"`).toBe(before.headers.get('etag'));
+    expect(hub.holdsWeights(MODEL)).toBe(true);
+  });
+
+  it('holds the weights of a bounded number of repos and makes an evicted repo\'s again byte for byte', async () => {
+    const engines = new EnginePool();
+    const hub = new HubRepos(engines, { weightsHeld: 1 });
+    try {
+      const [first, second, third] = hub.ids();
+      const repo = hub.repo(first!);
+      const weights = repo.files.find((f) => f.name === 'model.safetensors')!;
+      const made = hub.content(repo, weights);
+      hub.repo(second!);
+      hub.repo(third!);
+      expect(hub.weightsHeld()).toBe(1);
+      expect(hub.holdsWeights(first!)).toBe(false);
+      expect(hub.holdsWeights(third!)).toBe(true);
+      const again = hub.content(hub.repo(first!), weights);
+      // Made again, not kept: compared as booleans (expect's diff of two 78 MB buffers would take minutes).
+      expect(again === made).toBe(false);
+      expect(again.equals(made)).toBe(true);
+      expect(createHash('sha256').update(again).digest('hex')).toBe(weights.lfsSha256);
+      expect(blobId(again)).toBe(weights.blobId);
+      expect(hub.repo(first!).sha).toBe(repo.sha);
+      expect(hub.weightsHeld()).toBe(1);
+      expect(hub.holdsWeights(third!)).toBe(false);
+    } finally {
+      await engines.close();
+    }
+  });
+
+  it('shares a tokenizer family\'s files among its repos and names its special ids without loading the tokenizer', async () => {
+    const engines = new EnginePool();
+    const hub = new HubRepos(engines);
+    const loads = vi.spyOn(engines.tokenizers, 'get');
+    try {
+      const fileOf = (id: string, name: string) => {
+        const repo = hub.repo(id);
+        return hub.content(repo, repo.files.find((f) => f.name === name)!);
+      };
+      expect(fileOf('Qwen/Qwen3-8B', 'tokenizer.json') === fileOf('Qwen/Qwen3.5-2B', 'tokenizer.json')).toBe(true);
+      // What the tokenizer library reads from the families' files (models/test/tokenizers.test.ts holds the eos ids to it):
+      // Qwen3 pads with <|endoftext|>, DeepSeek V3 with its end of sentence.
+      const expected: [string, number[], number][] = [['Qwen/Qwen3-8B', [151643, 151645], 151643], ['deepseek-ai/DeepSeek-V4-Flash', [1], 1]];
+      for (const [id, eos, pad] of expected) {
+        const generation = JSON.parse(fileOf(id, 'generation_config.json').toString('utf8')) as { eos_token_id: number[]; pad_token_id?: number };
+        expect(generation, id).toMatchObject({ eos_token_id: eos, pad_token_id: pad });
+      }
+      // The built-in families' whole tokenizers (~85 MB resident each) are not loaded for the mirror.
+      expect(loads).not.toHaveBeenCalled();
+    } finally {
+      await engines.close();
     }
   });
 
