@@ -103,7 +103,7 @@ export class Inference {
     private readonly engines: EnginePool,
     private readonly clock: Clock,
     private readonly logs: DeploymentLogs,
-    private readonly settings: Pick<Settings, 'maxTokensLimit' | 'maxSeqLenLimit'>,
+    private readonly settings: Pick<Settings, 'maxTokensLimit' | 'maxSeqLenLimit' | 'maxSampledTokens'>,
   ) {}
 
   /** The deployment behind a URL, for this caller, serving: else what Baseten's edge answers. */
@@ -208,6 +208,9 @@ export class Inference {
     const topP = optionalNumber(b, 'top_p', Number.MIN_VALUE, 1) ?? 1;
     const topKRaw = optionalInt(b, 'top_k', -1, Infinity) ?? -1;
     const n = optionalInt(b, 'n', 1, 16) ?? 1;
+    // Each choice holds a cache of the prompt and its tokens (issue 31 item 13), as on the sampler.
+    const positions = n * (prompt.length + maxTokens);
+    if (positions > this.settings.maxSampledTokens) throw bad('n', `n ${n} × (the ${prompt.length}-token prompt + ${field} ${maxTokens}) is ${positions} positions; one request may hold at most ${this.settings.maxSampledTokens} (the server's --max-sampled-tokens): ask for fewer choices or tokens.`);
     const seed = optionalInt(b, 'seed', Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER) ?? null;
     const stop = b.stop;
     let stopStrings: string[] = [];

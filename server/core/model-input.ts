@@ -74,6 +74,16 @@ function imagePositions(chunk: ModelInputChunkWire, at: string, rule: ImageRule)
   return positions;
 }
 
+/** The positions a ModelInput says it has, from its chunks' sizes alone (ids and images unread); checked in full by modelInputTokens. */
+export function declaredPositions(input: ModelInputWire): number {
+  let n = 0;
+  for (const c of input.chunks) {
+    if (c.type === 'image') n += Number.isInteger(c.expected_tokens) ? Math.max(0, c.expected_tokens!) : 0;
+    else if (Array.isArray(c.tokens)) n += c.tokens.length;
+  }
+  return n;
+}
+
 /**
  * The token ids of a ModelInput, checked for what both planes need: text and
  * image chunks (an image is `expected_tokens` of its model's placeholder id;
@@ -83,6 +93,10 @@ function imagePositions(chunk: ModelInputChunkWire, at: string, rule: ImageRule)
  * names the input in errors.
  */
 export function modelInputTokens(input: ModelInputWire, field: string, limits: { maxLength: number; lengthName: string; images: () => ImageRule; vocabulary?: { size: number; model: string } }): number[] {
+  // The length first, from the chunks' sizes alone: a body of millions of ids is refused before any is copied
+  // or looked at (issue 31 item 15).
+  const declared = declaredPositions(input);
+  if (declared > limits.maxLength) throw invalid(`${field} has ${declared} tokens; the ${limits.lengthName} is ${limits.maxLength}.`, { field });
   const tokens: number[] = [];
   let imagePositionCount = 0;
   let rule: ImageRule | undefined;

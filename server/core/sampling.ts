@@ -29,7 +29,7 @@ export class Sampling {
     private readonly replicas: SamplerReplicas,
     private readonly engines: EnginePool,
     private readonly clock: Clock,
-    private readonly settings: Pick<Settings, 'maxTokensLimit'>,
+    private readonly settings: Pick<Settings, 'maxTokensLimit' | 'maxSampledTokens'>,
   ) {}
 
   /** Refuses what a stopped sampler cannot serve (409) and, while it starts, answers 503 with a retry; a scaled-to-zero one starts waking. */
@@ -46,6 +46,7 @@ export class Sampling {
     this.ready(s);
     const tokens = this.promptTokens(s, body.prompt);
     const params = this.params(s, body.sampling_params ?? {}, tokens.length, 'sampling_params.');
+    this.checkWork(body.num_samples ?? 1, 'num_samples', tokens.length, params.max_tokens);
     const k = body.topk_prompt_logprobs ?? 0;
     const served = await this.replicas.serve(s, pin.floor, pin.affinityKey, async (adapter) => ({
       sequences: await this.draw(s, adapter, tokens, body.num_samples ?? 1, params),
@@ -77,6 +78,7 @@ export class Sampling {
     const tok = this.engines.tokenizers.get(s.base_model);
     const tokens = this.promptTokens(s, { chunks: [{ type: 'encoded_text', tokens: typeof body.prompt === 'string' ? tok.encode(body.prompt) : body.prompt }] });
     const params = this.params(s, { max_tokens: body.max_tokens ?? 16, temperature: body.temperature ?? 1, top_p: body.top_p ?? 1, top_k: body.top_k ?? -1, seed: body.seed ?? null, stop: body.stop }, tokens.length, '');
+    this.checkWork(body.n ?? 1, 'n', tokens.length, params.max_tokens);
     const wantLogprobs = body.logprobs !== undefined && body.logprobs !== null;
     const result = await this.replicas.serve(s, pin.floor, pin.affinityKey, async (adapter) => ({
       sequences: await this.draw(s, adapter, tokens, body.n ?? 1, params),
@@ -141,6 +143,11 @@ export class Sampling {
     return { ...merged, stop };
   }
 
+  /** Every sample holds a cache of its prompt and the tokens it draws: their product is bounded (issue 31 item 13). */
+  private checkWork(samples: number, field: string, promptLength: number, maxTokens: number): void {
+    checkSampledTokens(samples, field, promptLength, maxTokens, this.settings.maxSampledTokens);
+  }
+
   /** A prompt's tokens, checked against the sampler's model and max_seq_length. */
   private promptTokens(s: SamplerRecord, prompt: ModelInputWire): number[] {
     return modelInputTokens(prompt, 'prompt', { vocabulary: { size: this.engines.vocabSize(s.base_model), model: s.base_model }, ...this.fleet.lengthLimit(s.max_seq_length, "sampler's max_seq_length"), images: () => imageRule(this.engines, s.base_model) });
@@ -164,6 +171,14 @@ export class Sampling {
     const [lp] = await engine.forward([{ ...seq, scored: tokens.slice(1).map((_, i) => i) }], adapter);
     return { logprobs: [null, ...Array.from(lp!.subarray(0, tokens.length - 1))], top: null };
   }
+}
+
+/** samples × (prompt + max_tokens) within --max-sampled-tokens: the positions a request's sequences hold at once. */
+export function checkSampledTokens(samples: number, field: string, promptLength: number, maxTokens: number, limit: number): void {
+  const positions = samples * (promptLength + maxTokens);
+  if (positions <= limit) return;
+  const most = Math.floor(limit / (promptLength + maxTokens));
+  throw invalid(`${field} ${samples} × (the ${promptLength}-token prompt + max_tokens ${maxTokens}) is ${positions} positions; one request may hold at most ${limit} (the server's --max-sampled-tokens): ${most > 0 ? `ask for at most ${most} at this length, or` : 'shorten the prompt or max_tokens, or'} send several requests.`, { field, limit: 'max_sampled_tokens', limit_value: limit });
 }
 
 /** A reply and the replica that served it (the door puts both into headers). */

@@ -58,6 +58,19 @@ export const LIVE_SETTINGS = {
     help: "longest sequence, in positions, this server takes: a run's max_seq_len or a sampler's max_seq_length above it is a 400, and so is a longer input; memory per request stays bounded above it (long sequences are computed in blocks), time grows with length",
   },
   maxTokensLimit: { wire: 'max_tokens_limit', shape: 'whole', default: 4096, range: [1, 1_000_000], flag: false, help: 'largest max_tokens a sampling request may ask for' },
+  // Issue 31 item 13: the work one request may ask for, so that none takes the server past 2 GB (soak/request-memory.ts).
+  maxSampledTokens: {
+    wire: 'max_sampled_tokens', shape: 'whole', default: 131_072, range: [1, 67_108_864], flag: true,
+    help: 'most positions one sampling request may hold at once: samples (num_samples, n) × (prompt + max_tokens), each sequence keeping a cache of its positions; over it is a 400 naming this flag',
+  },
+  maxBatchTokens: {
+    wire: 'max_batch_tokens', shape: 'whole', default: 16_384, range: [1, 67_108_864], flag: true,
+    help: 'most positions one forward or forward_backward may carry, all its datums together; over it is a 400 naming this flag',
+  },
+  bodyBytesInFlight: {
+    wire: 'body_bytes_in_flight', shape: 'whole', default: 268_435_456, range: [1024, 17_179_869_184], flag: true,
+    help: 'most bytes of request bodies the server holds at once (each costs about three times its size parsed); a body that would pass it waits for none: 503 with Retry-After, while a body alone is always taken',
+  },
   // Below the 30 s the clients wait for an answer, so a poll always gets one.
   longPollMs: { wire: 'long_poll_ms', shape: 'whole', default: 25_000, range: [1, 29_999], flag: true, help: "long-poll window of GET .../operations/{id}, then 408; below the clients' 30000" },
   operationTtlMs: { wire: 'operation_ttl_ms', shape: 'whole', default: 600_000, range: [1, 7 * DAY_MS], flag: true, help: 'how long a finished operation stays retrievable, then 404' },

@@ -8,11 +8,12 @@ import { MAX_LORA_RANK, type Fleet } from './fleet.js';
 import type { Checkpoints } from './checkpoints.js';
 import { assertSafeCheckpointName, parseCheckpointPath } from './checkpoints.js';
 import { invalid, LoopsError } from './errors.js';
-import { imageRule, modelInputTokens } from './model-input.js';
+import { declaredPositions, imageRule, modelInputTokens } from './model-input.js';
 import { OperationFailure, type Operation, type Operations } from './operations.js';
 import { checkLossConfigRanges, checkLossInputRanges, MAX_LEARNING_RATE, MAX_LORA_ALPHA, MIN_ADAM_EPS, nonFiniteIn } from './value-ranges.js';
 import type { Principal, RunRecord } from './records.js';
 import type { SamplerWeights } from './sampler-weights.js';
+import type { Settings } from './settings.js';
 
 /** One operation and its body, as the route validated it: the body's type follows the op. */
 export type TrainerRequest = { [O in TrainerOp]: { op: O; body: TrainerBody<O> } }[TrainerOp];
@@ -47,6 +48,7 @@ export class Trainers {
     private readonly engines: EnginePool,
     private readonly operations: Operations,
     private readonly samplerWeights: SamplerWeights,
+    private readonly settings: Pick<Settings, 'maxBatchTokens'>,
   ) {
     fleet.onRunStopped((run, reason) => {
       this.operations.failPending(run.id, 'RunDeactivated', `Run ${run.id} is INACTIVE (${reason}); its operations were stopped. Create a new run to continue.`);
@@ -185,6 +187,7 @@ export class Trainers {
     if (!isLossName(loss)) throw invalid(`loss_fn '${loss}' is not a loss of Loops: use one of ${LOSS_NAMES.join(', ')} (or leave it out for cross_entropy).`, { field: 'loss_fn' });
     const topK = body.top_k_logprobs ?? 0;
     if (topK < 0 || topK > MAX_TOP_K_LOGPROBS) throw invalid(`top_k_logprobs ${topK} is out of range: use 0..${MAX_TOP_K_LOGPROBS} (0 or absent: none).`, { field: 'top_k_logprobs' });
+    checkBatchSize(body, this.settings.maxBatchTokens, this.fleet.lengthLimit(run.max_seq_len, "run's max_seq_len"));
     const vocab = this.engines.vocabSize(run.base_model);
     try {
       checkLossConfigRanges(body.loss_fn_config);
@@ -238,6 +241,23 @@ export class Trainers {
       this.states.set(run.id, (state = s));
     }
     return state;
+  }
+}
+
+/**
+ * The batch's size from its chunks' lengths alone, before any id is read (issue 31 items 13, 15): each datum within
+ * the run's length, the positions of all datums together at most --max-batch-tokens.
+ */
+function checkBatchSize(body: ForwardBody, limit: number, length: { maxLength: number; lengthName: string }): void {
+  let positions = 0;
+  body.data.forEach((d, i) => {
+    const n = declaredPositions(d.model_input);
+    // A datum too long for the run says so first: the more precise of the two.
+    if (n > length.maxLength) throw invalid(`data[${i}].model_input has ${n} tokens; the ${length.lengthName} is ${length.maxLength}.`, { field: `data[${i}].model_input` });
+    positions += n;
+  });
+  if (positions > limit) {
+    throw invalid(`data has ${positions} positions in ${body.data.length} datums; one forward or forward_backward may carry at most ${limit} (the server's --max-batch-tokens): split it into several calls, whose gradients add up before optim_step.`, { field: 'data', limit: 'max_batch_tokens', limit_value: limit });
   }
 }
 

@@ -5,6 +5,7 @@ import type { LoopsCore } from '../core/core.js';
 import { LoopsError } from '../core/errors.js';
 import { VERSION } from '../version.js';
 import { installErrorHandler, installNotFoundHandler, sendError } from './errors.js';
+import { installBodyBudget } from './body-budget.js';
 import { installFaults } from './fault-hook.js';
 import { installJournal } from './journal-hook.js';
 import { answerClientError } from './client-errors.js';
@@ -42,25 +43,64 @@ export interface FrontOfHouse {
 /** Deeper than any Loops body (about six levels): a deeper one is refused before any recursive code meets it. */
 const MAX_BODY_DEPTH = 64;
 
+/** A container met while walking a body: its path is built only for the one value found wrong. */
+interface Frame {
+  value: object;
+  parent: Frame | null;
+  key: string | number;
+  depth: number;
+}
+
+function pathOf(frame: Frame | null, key?: string | number): string {
+  const parts: (string | number)[] = key === undefined ? [] : [key];
+  for (let f = frame; f?.parent; f = f.parent) parts.push(f.key);
+  return parts.reverse().reduce<string>((path, k) => (typeof k === 'number' ? `${path}[${k}]` : `${path}.${k}`), 'body');
+}
+
 /**
  * What is wrong with a parsed body that a schema would not say safely: a
  * number that is not finite (its path), or nesting deeper than
- * MAX_BODY_DEPTH. Walked without recursion, so any depth is safe to look at.
+ * MAX_BODY_DEPTH. Walked without recursion, so any depth is safe to look at,
+ * and without a string or an entry per number: a body of millions of token
+ * ids costs about what parsing it did (issue 31 item 15: building a path per
+ * number held the event loop 3.8 s for 5M tokens).
  */
 function bodyProblem(value: unknown): { field: string; message: string } | null {
-  const stack: [unknown, string, number][] = [[value, 'body', 0]];
+  if (value === null || typeof value !== 'object') return typeof value === 'number' && !Number.isFinite(value) ? notFinite('body') : null;
+  const stack: Frame[] = [{ value, parent: null, key: '', depth: 0 }];
   while (stack.length) {
-    const [v, path, depth] = stack.pop()!;
-    if (typeof v === 'number') {
-      if (!Number.isFinite(v)) return { field: path, message: `${path} is not a finite number (JSON numbers beyond ±1.8e308 read as infinity); send a finite value.` };
-      continue;
+    const frame = stack.pop()!;
+    const visit = (child: unknown, key: string | number) => {
+      if (typeof child === 'number') return Number.isFinite(child) ? null : notFinite(pathOf(frame, key));
+      if (child === null || typeof child !== 'object') return null;
+      if (frame.depth + 1 >= MAX_BODY_DEPTH) return { field: 'body', message: `The body nests deeper than ${MAX_BODY_DEPTH} levels (at ${pathOf(frame, key).slice(0, 120)}...): no Loops request does; send a flatter body.` };
+      stack.push({ value: child, parent: frame, key, depth: frame.depth + 1 });
+      return null;
+    };
+    const v = frame.value;
+    if (Array.isArray(v)) {
+      for (let i = 0; i < v.length; i++) {
+        const child: unknown = v[i];
+        // Numbers inline: most of a large body is arrays of them.
+        if (typeof child === 'number') {
+          if (!Number.isFinite(child)) return notFinite(pathOf(frame, i));
+          continue;
+        }
+        const problem = visit(child, i);
+        if (problem) return problem;
+      }
+    } else {
+      for (const k of Object.keys(v)) {
+        const problem = visit((v as Record<string, unknown>)[k], k);
+        if (problem) return problem;
+      }
     }
-    if (v === null || typeof v !== 'object') continue;
-    if (depth >= MAX_BODY_DEPTH) return { field: 'body', message: `The body nests deeper than ${MAX_BODY_DEPTH} levels (at ${path.slice(0, 120)}...): no Loops request does; send a flatter body.` };
-    if (Array.isArray(v)) for (let i = v.length - 1; i >= 0; i--) stack.push([v[i], `${path}[${i}]`, depth + 1]);
-    else for (const [k, child] of Object.entries(v).reverse()) stack.push([child, `${path}.${k}`, depth + 1]);
   }
   return null;
+}
+
+function notFinite(path: string): { field: string; message: string } {
+  return { field: path, message: `${path} is not a finite number (JSON numbers beyond ±1.8e308 read as infinity); send a finite value.` };
 }
 
 const CHECK_EVERY_MS = 1000;
@@ -140,6 +180,9 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
       return sendError(reply, 503, 'unavailable', 'loops-mock is shutting down.');
     }
   });
+
+  // Bodies held at once are bounded (a reset replaces the settings: read them through the core each time).
+  installBodyBudget(app, { get bodyBytesInFlight() { return core.settings.bodyBytesInFlight; } });
 
   // JSON bodies; an empty body counts as no body (POST /sessions is sent with none).
   app.removeContentTypeParser('application/json');

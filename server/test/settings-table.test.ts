@@ -76,7 +76,7 @@ describe('the settings table', () => {
   const startupOnly = SETTINGS_TABLE.filter((row) => !row.live);
 
   it('names each live setting in snake_case after its option, and each flag after its wire name', () => {
-    expect(live.map((row) => row.wire)).toEqual(['cold_start_ms', 'model_cold_start_ms', 'deactivation_ms', 'sampler_replicas', 'weight_sync_delay_ms', 'floor_wait_ms', 'max_seq_len_limit', 'max_tokens_limit', 'long_poll_ms', 'operation_ttl_ms', 'run_idle_timeout_ms', 'sampler_idle_ms']);
+    expect(live.map((row) => row.wire)).toEqual(['cold_start_ms', 'model_cold_start_ms', 'deactivation_ms', 'sampler_replicas', 'weight_sync_delay_ms', 'floor_wait_ms', 'max_seq_len_limit', 'max_tokens_limit', 'max_sampled_tokens', 'max_batch_tokens', 'body_bytes_in_flight', 'long_poll_ms', 'operation_ttl_ms', 'run_idle_timeout_ms', 'sampler_idle_ms']);
     for (const row of live) {
       expect(row.wire).toBe(row.option.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`));
       if (row.flag) expect(row.flag).toBe(row.wire!.replace(/_/g, '-'));
