@@ -116,7 +116,7 @@ export class LoopsCore {
     });
     this.operations.onFinish((op) => this.history.operationFinished(op));
     this.samplerWeights = new SamplerWeights();
-    this.trainers = new Trainers(this.fleet, this.checkpoints, this.engines, this.operations, this.samplerWeights);
+    this.trainers = new Trainers(this.fleet, this.checkpoints, this.engines, this.operations, this.samplerWeights, this.settings);
     this.replicas = new SamplerReplicas(this.fleet, this.checkpoints, this.engines, this.samplerWeights, this.clock, this.settings, this.logs, this.history, this.stopping.signal);
     this.sampling = new Sampling(this.fleet, this.replicas, this.engines, this.clock, this.settings);
     this.modelDeployments = new ModelDeployments(this.store, this.clock, this.checkpoints, this.engines, this.logs, this.settings, this.progress);
