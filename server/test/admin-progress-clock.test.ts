@@ -48,7 +48,7 @@ describe('operation progress', () => {
   });
 
   it('after_ms on the virtual clock: a waiting poll is answered when time is moved past the release', async () => {
-    const { api, admin } = await start({ clockMode: 'virtual', longPollMs: 10_000 });
+    const { api, admin } = await start({ clock: 'virtual', longPollMs: 10_000 });
     const { trainer } = await newRun(api);
     await admin.addProgress({ match: { op: 'forward' }, mode: 'after_ms', ms: 15_000 });
     const id = (await api.call('POST', `${trainer}/forward`, fb, { 'idempotency-key': 't-1' })).body.operation_id;
@@ -65,7 +65,7 @@ describe('operation progress', () => {
 
 describe('sampler replica control', () => {
   it('sets the replica count, pauses and resumes a replica\'s sync, and gives one replica its own delay', async () => {
-    const { api, admin } = await start({ clockMode: 'virtual', floorWaitMs: 0 });
+    const { api, admin } = await start({ clock: 'virtual', floorWaitMs: 0 });
     const { trainer, sampler, samplerId: id } = await newRun(api);
     expect((await api.call('POST', `${sampler}/sample`, sampleBody)).status).toBe(200);
     expect((await admin.setReplicas(id, 2)).replicas.map((r) => r.replica)).toEqual([0, 1]);
@@ -93,7 +93,7 @@ describe('sampler replica control', () => {
 
 describe('the virtual clock', () => {
   it('drives an hour-long idle timeout in milliseconds', async () => {
-    const { api, admin } = await start({ clockMode: 'virtual' });
+    const { api, admin } = await start({ clock: 'virtual' });
     const { run } = await newRun(api, { scale_down_delay_seconds: 3600 });
     const before = await admin.clock();
     await admin.advanceClock(3_599_000);
@@ -113,7 +113,7 @@ describe('the virtual clock', () => {
 
 describe('settings and reset', () => {
   it('changes settings at run time and refuses bad ones naming the field', async () => {
-    const { api, admin } = await start({ clockMode: 'virtual' });
+    const { api, admin } = await start({ clock: 'virtual' });
     expect((await admin.updateSettings({ cold_start_ms: 1000, weight_sync_delay_ms: [0, 10] })).cold_start_ms).toBe(1000);
     const { trainer } = await newRun(api);
     expect((await api.call('GET', `${trainer}/health`)).status).toBe(503);
@@ -147,7 +147,7 @@ describe('settings and reset', () => {
 
 describe('shutdown with waits held open', () => {
   it('ends a long injected delay, a held poll and a floor wait on the virtual clock instead of hanging the close', async () => {
-    const { api, admin } = await start({ clockMode: 'virtual', floorWaitMs: 600_000 });
+    const { api, admin } = await start({ clock: 'virtual', floorWaitMs: 600_000 });
     const { trainer, sampler } = await newRun(api);
     await admin.updateSettings({ weight_sync_delay_ms: 600_000 });
     await submitAndPoll(api, trainer, 'optim_step', {}, 'sd-0');

@@ -14,7 +14,7 @@ export const referenceAvailable = existsSync(REFERENCE_PATH);
 
 export async function startTestServer(options: StartOptions = {}): Promise<RunningServer> {
   // Test servers warm no engine at start (each test's own first step builds what it uses).
-  return startServer({ port: 0, logLevel: 'silent', warmModels: [], ...options });
+  return startServer({ port: 0, logLevel: 'silent', warm: [], ...options });
 }
 
 export interface Reply {

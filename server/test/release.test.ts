@@ -43,6 +43,15 @@ describe('release hygiene', () => {
   });
 });
 
+describe('npm run test:quick', () => {
+  it('runs a list of files that all exist, each a test file the full run has too', async () => {
+    const { QUICK_FILES } = await import('../../vitest.quick.config.js');
+    expect(pkg.scripts['test:quick']).toBe('vitest run --config vitest.quick.config.ts');
+    for (const file of QUICK_FILES) expect(() => readFileSync(join(REPO_ROOT, file)), file).not.toThrow();
+    expect(new Set(QUICK_FILES).size).toBe(QUICK_FILES.length);
+  });
+});
+
 describe('docs that stand alone', () => {
   it('nothing tracked in the repository points to a file outside it', () => {
     const tracked = execFileSync('git', ['ls-files'], { cwd: REPO_ROOT, encoding: 'utf8' }).split('\n')
