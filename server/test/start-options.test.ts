@@ -1,7 +1,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { ConfigError, FLAG_ROWS } from '../config.js';
 import { ManualClock, startServer, type RunningServer } from '../index.js';
-import { optionNameOf, resolveStartOptions, START_OPTION_NAMES } from '../start-options.js';
+import { DEPRECATED_OPTION_NAMES, optionNameOf, resolveStartOptions, START_OPTION_NAMES } from '../start-options.js';
 
 /** startServer()'s options are the flags in camelCase, read through the settings table (issue 28). */
 const servers: RunningServer[] = [];
@@ -13,6 +13,8 @@ describe('startServer options', () => {
   it('are the flags of loops-mock serve in camelCase, one name per flag', () => {
     for (const row of FLAG_ROWS) expect(START_OPTION_NAMES).toContain(optionNameOf(row.flag));
     expect(optionNameOf('presign-ttl-s')).toBe('presignTtlS');
+    // A field named otherwise inside the server is a 0.1 name with its alias; a new flag gets no other name.
+    for (const row of FLAG_ROWS) if (row.option !== optionNameOf(row.flag)) expect(DEPRECATED_OPTION_NAMES[row.option], row.flag).toBe(optionNameOf(row.flag));
     const { options } = resolveStartOptions({ warm: 'none', clock: 'virtual', apiKey: 'k1:org', journal: '/tmp/j.ndjson', presignTtlS: 60, tokenizer: 'Qwen/Qwen3-8B=./t.json' });
     expect(options).toMatchObject({ warmModels: [], clockMode: 'virtual', apiKeys: [{ key: 'k1', org: 'org' }], journalFile: '/tmp/j.ndjson', presignTtlSeconds: 60, tokenizers: { 'Qwen/Qwen3-8B': './t.json' } });
   });
