@@ -1,5 +1,5 @@
-import { existsSync, readFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { dirname, extname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
@@ -35,7 +35,9 @@ function assetsDir(): string {
   return found;
 }
 
-const ASSETS: Record<string, string> = { 'app.js': 'text/javascript; charset=utf-8', 'ticks.js': 'text/javascript; charset=utf-8', 'style.css': 'text/css; charset=utf-8', 'index.html': 'text/html; charset=utf-8' };
+/** The page's files by how their names end: index.html, style.css, and its ES modules (app.js and what it imports). */
+const ASSET_TYPES: Record<string, string> = { '.js': 'text/javascript; charset=utf-8', '.css': 'text/css; charset=utf-8', '.html': 'text/html; charset=utf-8' };
+const assetType = (name: string) => ASSET_TYPES[extname(name)];
 
 /**
  * The live dashboard at /_mock/ui and its read-only data under
@@ -51,7 +53,8 @@ export function dashboardRoutes(appIn: FastifyInstance, core: LoopsCore, options
   const app = appIn.withTypeProvider<TypeBoxTypeProvider>();
   const tags = ['dashboard'];
   const dir = assetsDir();
-  const files = new Map(Object.keys(ASSETS).map((name) => [name, readFileSync(join(dir, name))]));
+  // Every module beside index.html is served, so a view split into its own file needs no list kept here.
+  const files = new Map(readdirSync(dir).filter((name) => assetType(name) !== undefined).map((name) => [name, readFileSync(join(dir, name))]));
 
   /** With keys enforced, the dashboard is the admin's: the token, or nothing. */
   const guard = async (request: FastifyRequest) => {
@@ -65,12 +68,12 @@ export function dashboardRoutes(appIn: FastifyInstance, core: LoopsCore, options
   };
 
   // The page itself holds nothing: it signs in, then reads the data routes below.
-  app.get('/_mock/ui', { schema: { hide: true } as object }, (_req, reply) => reply.type(ASSETS['index.html']!).send(files.get('index.html')));
+  app.get('/_mock/ui', { schema: { hide: true } as object }, (_req, reply) => reply.type(assetType('index.html')!).send(files.get('index.html')));
   app.get('/_mock/ui/:file', { schema: { hide: true } as object }, (req, reply) => {
     const name = (req.params as { file: string }).file;
-    const body = Object.hasOwn(ASSETS, name) ? files.get(name) : undefined;
+    const body = files.get(name);
     if (!body || name === 'index.html') throw notFound(`The dashboard has no file '${name}'.`);
-    return reply.type(ASSETS[name]!).header('cache-control', 'no-cache').send(body);
+    return reply.type(assetType(name)!).header('cache-control', 'no-cache').send(body);
   });
 
   app.post('/_mock/ui/login', {

@@ -47,6 +47,26 @@ describe('the dashboard data routes', () => {
     expect((await server.app.inject({ method: 'POST', url: '/_mock/ui/login', payload: {} })).statusCode).toBe(400);
   });
 
+  it('serve the page as ES modules: every module app.js imports, near and far, with a JavaScript type', async () => {
+    const { get, server } = await start();
+    const page = (await server.app.inject({ method: 'GET', url: '/_mock/ui' })).body;
+    expect(page).toContain('<script type="module" src="/_mock/ui/app.js"></script>');
+    const seen = new Set<string>();
+    const pending = ['app.js'];
+    while (pending.length) {
+      const name = pending.pop()!;
+      if (seen.has(name)) continue;
+      seen.add(name);
+      const res = await server.app.inject({ method: 'GET', url: `/_mock/ui/${name}` });
+      expect(res.statusCode, name).toBe(200);
+      expect(res.headers['content-type'], name).toBe('text/javascript; charset=utf-8');
+      for (const m of res.body.matchAll(/^import .* from '\.\/([\w-]+\.js)';$/gm)) pending.push(m[1]!);
+    }
+    // One module per view, the charts, the poll loop and the data routes: not one script.
+    expect([...seen].sort()).toEqual(expect.arrayContaining(['charts.js', 'live.js', 'view-journal.js', 'view-models.js', 'view-rules.js', 'view-runs.js', 'view-samplers.js']));
+    expect((await get('/_mock/ui/ticks.d.ts')).status).toBe(404);
+  });
+
   it('filter the journal by status class and text, from a cursor', async () => {
     const { get, server } = await start();
     // Over real HTTP: the journal records a request when its connection is done with it.
