@@ -74,14 +74,26 @@ function imagePositions(chunk: ModelInputChunkWire, at: string, rule: ImageRule)
   return positions;
 }
 
-/** The positions a ModelInput says it has, from its chunks' sizes alone (ids and images unread); checked in full by modelInputTokens. */
-export function declaredPositions(input: ModelInputWire): number {
-  let n = 0;
+/**
+ * The positions a ModelInput says it has, from its chunks' sizes alone (ids and images unread), and how many of
+ * them are images'; checked in full by modelInputTokens (an image whose expected_tokens is out of range counts
+ * nothing here, so that its own check names it).
+ */
+export function declaredPositions(input: ModelInputWire): { positions: number; images: number } {
+  let positions = 0;
+  let images = 0;
   for (const c of input.chunks) {
-    if (c.type === 'image') n += Number.isInteger(c.expected_tokens) ? Math.max(0, c.expected_tokens!) : 0;
-    else if (Array.isArray(c.tokens)) n += c.tokens.length;
+    if (c.type === 'image') {
+      const n = c.expected_tokens;
+      if (Number.isInteger(n) && n! >= 1 && n! <= MAX_IMAGE_TOKENS) images += n!;
+    } else if (Array.isArray(c.tokens)) positions += c.tokens.length;
   }
-  return n;
+  return { positions: positions + images, images };
+}
+
+/** "N tokens" with, where images take some, how many. */
+export function tokenCount(n: { positions: number; images: number }): string {
+  return `${n.positions} tokens${n.images ? ` (${n.images} of them image positions)` : ''}`;
 }
 
 /**
@@ -96,7 +108,7 @@ export function modelInputTokens(input: ModelInputWire, field: string, limits: {
   // The length first, from the chunks' sizes alone: a body of millions of ids is refused before any is copied
   // or looked at (issue 31 item 15).
   const declared = declaredPositions(input);
-  if (declared > limits.maxLength) throw invalid(`${field} has ${declared} tokens; the ${limits.lengthName} is ${limits.maxLength}.`, { field });
+  if (declared.positions > limits.maxLength) throw invalid(`${field} has ${tokenCount(declared)}; the ${limits.lengthName} is ${limits.maxLength}.`, { field });
   const tokens: number[] = [];
   let imagePositionCount = 0;
   let rule: ImageRule | undefined;

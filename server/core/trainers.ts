@@ -8,7 +8,7 @@ import { MAX_LORA_RANK, type Fleet } from './fleet.js';
 import type { Checkpoints } from './checkpoints.js';
 import { assertSafeCheckpointName, parseCheckpointPath } from './checkpoints.js';
 import { invalid, LoopsError } from './errors.js';
-import { declaredPositions, imageRule, modelInputTokens } from './model-input.js';
+import { declaredPositions, imageRule, modelInputTokens, tokenCount } from './model-input.js';
 import { OperationFailure, type Operation, type Operations } from './operations.js';
 import { checkLossConfigRanges, checkLossInputRanges, MAX_LEARNING_RATE, MAX_LORA_ALPHA, MIN_ADAM_EPS, nonFiniteIn } from './value-ranges.js';
 import type { Principal, RunRecord } from './records.js';
@@ -253,8 +253,8 @@ function checkBatchSize(body: ForwardBody, limit: number, length: { maxLength: n
   body.data.forEach((d, i) => {
     const n = declaredPositions(d.model_input);
     // A datum too long for the run says so first: the more precise of the two.
-    if (n > length.maxLength) throw invalid(`data[${i}].model_input has ${n} tokens; the ${length.lengthName} is ${length.maxLength}.`, { field: `data[${i}].model_input` });
-    positions += n;
+    if (n.positions > length.maxLength) throw invalid(`data[${i}].model_input has ${tokenCount(n)}; the ${length.lengthName} is ${length.maxLength}.`, { field: `data[${i}].model_input` });
+    positions += n.positions;
   });
   if (positions > limit) {
     throw invalid(`data has ${positions} positions in ${body.data.length} datums; one forward or forward_backward may carry at most ${limit} (the server's --max-batch-tokens): split it into several calls, whose gradients add up before optim_step.`, { field: 'data', limit: 'max_batch_tokens', limit_value: limit });
