@@ -47,7 +47,7 @@ describe('installed as a dependency', () => {
     expect(res.status).toBe(200);
     expect((await (await fetch(`${base}/healthz`)).json() as { status: string }).status).toBe('ok');
     // The dashboard's files ship in the package, beside dist/.
-    const script = await fetch(`${base}/_mock/ui/app.js`);
+    const script = await fetch(`${base}/_mock/ui/live.js`);
     expect([script.status, (await script.text()).includes('/_mock/dashboard/overview')]).toEqual([200, true]);
     child.kill('SIGTERM');
     expect(await exited).toBe(0);
