@@ -9,7 +9,7 @@ import type { Settings } from '../core/settings.js';
  * each costing about three times its size once read and parsed). A body is
  * counted from its Content-Length before it is read (as it arrives when
  * chunked) until its answer is sent; one that would pass the budget is a 503
- * with Retry-After, unread. A body alone is always taken, whatever the budget:
+ * with Retry-After, its body discarded as it arrives. A body alone is always taken, whatever the budget:
  * --body-limit bounds it.
  */
 export function installBodyBudget(app: FastifyInstance, settings: Pick<Settings, 'bodyBytesInFlight'>): void {
@@ -31,16 +31,12 @@ export function installBodyBudget(app: FastifyInstance, settings: Pick<Settings,
     held -= bytes;
   };
 
-  app.addHook('preParsing', async (request, reply, payload) => {
+  app.addHook('preParsing', async (request, _reply, payload) => {
     const declared = Number(request.headers['content-length']);
     if (Number.isFinite(declared) && declared > 0) {
-      try {
-        take(request, declared);
-      } catch (err) {
-        // The body stays unread: the connection cannot carry another request after it.
-        reply.header('connection', 'close');
-        throw err;
-      }
+      // Refused, the body is left unread: Node discards it as it arrives once the 503 is sent (nothing is kept),
+      // so the client can finish sending and read the answer on a connection that stays usable.
+      take(request, declared);
       return payload;
     }
     if (request.headers['transfer-encoding'] === undefined) return payload;
@@ -53,7 +49,6 @@ export function installBodyBudget(app: FastifyInstance, settings: Pick<Settings,
           take(request, chunk.length);
           done(null, chunk);
         } catch (err) {
-          reply.header('connection', 'close');
           done(err as Error);
         }
       },

@@ -101,7 +101,7 @@ function slowPost(base: string, path: string, key: string, body: string) {
 }
 
 describe('request bodies held at once', () => {
-  it('within --body-bytes-in-flight: one that would pass it is a 503 with Retry-After, unread; a body alone is always taken', async () => {
+  it('within --body-bytes-in-flight: one that would pass it is a 503 with Retry-After, its body discarded; a body alone is always taken', async () => {
     server = await startTestServer({ bodyBytesInFlight: 1024 });
     const api = client(server);
     const sampler = `/sampler/${(await newRun(api, { lora_rank: 4 })).sampler.id}`;
