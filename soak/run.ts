@@ -1,7 +1,7 @@
 import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
-import { runSoak, targetsOf } from './suite.js';
+import { failuresOf, runSoak, targetsOf } from './suite.js';
 
 /**
  * `npm run soak`: the reliability suite at full size, its figures printed beside their targets
@@ -17,11 +17,14 @@ try {
       'raw-cases': { type: 'string', default: '1000' },
       kills: { type: 'string', default: '20' },
       waves: { type: 'string', default: '10,25,50' },
+      'proxy-names': { type: 'string', default: '300' },
+      'proxy-aborted': { type: 'string', default: '1100' },
+      'no-machine-cases': { type: 'boolean', default: false },
       json: { type: 'boolean', default: false },
     },
   }).values;
 } catch (e) {
-  console.error(`soak: ${(e as Error).message}\nusage: npm run soak -- [--seed S] [--cases N] [--raw-cases N] [--kills N] [--waves 10,25,50] [--json]`);
+  console.error(`soak: ${(e as Error).message}\nusage: npm run soak -- [--seed S] [--cases N] [--raw-cases N] [--kills N] [--waves 10,25,50] [--proxy-names N] [--proxy-aborted N] [--no-machine-cases] [--json]`);
   process.exit(2);
 }
 const whole = (name: string, text: string, min: number): number => {
@@ -40,6 +43,9 @@ const report = await runSoak({
   rawCases: whole('raw-cases', flags['raw-cases'], 1),
   kills: whole('kills', flags.kills, 1),
   waves,
+  machineCases: !flags['no-machine-cases'],
+  proxyNames: whole('proxy-names', flags['proxy-names'], 1),
+  proxyAborted: whole('proxy-aborted', flags['proxy-aborted'], 0),
 });
 const rows = targetsOf(report);
 if (flags.json) {
@@ -50,6 +56,12 @@ if (flags.json) {
   console.log(`malformed HTTP: ${report.raw.cases} cases, ${report.raw.noAnswer} closed without an answer (cut off by the half-close)`);
   for (const w of report.load.waves) console.log(`load: wave of ${w.clients} clients x ${w.rounds} rounds in ${w.seconds.toFixed(1)} s, ${w.errors} errors, RSS after ${w.rssMb.toFixed(0)} MB`);
   for (const r of rows) console.log(`${r.met ? 'ok  ' : 'MISS'} ${r.figure}: ${r.value} (target ${r.target})`);
-  for (const f of [...report.fuzz.failures, ...report.raw.failures, ...report.kills.failures, ...report.load.failures]) console.log(`  ${f}`);
+  if (report.machine) {
+    const m = report.machine;
+    console.log(`disk full: ${m.diskFull.how}; ${m.diskFull.spells} full spells, ${m.diskFull.acknowledged} checkpoints acknowledged, ${m.diskFull.answered507} answers 507`);
+    console.log(`corrupt database: ${m.corruptDatabase.cases} damages; corrupt checkpoint: ${m.corruptCheckpoint.cases} damages, ${m.corruptCheckpoint.probes} uses of them`);
+    console.log(`proxy: ${m.proxy.names} new names x 2 rounds, ${m.proxy.aborted} aborted CONNECTs a round, fd limit ${m.proxy.fdLimit}`);
+  }
+  for (const f of failuresOf(report)) console.log(`  ${f}`);
 }
 process.exit(rows.every((r) => r.met) ? 0 : 1);

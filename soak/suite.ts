@@ -6,8 +6,16 @@ import { runFuzz, type FuzzFigures } from './fuzz.js';
 import { runKillRestart, type KillFigures } from './kill-restart.js';
 import { runLoadWaves, type LoadFigures } from './load-waves.js';
 import { runMalformedHttp, type RawFigures } from './malformed-http.js';
+import { corruptCheckpointTargets, runCorruptCheckpoint, type CorruptCheckpointFigures } from './corrupt-checkpoint.js';
+import { corruptDatabaseTargets, runCorruptDatabase, type CorruptDatabaseFigures } from './corrupt-database.js';
+import { diskFullTargets, runDiskFull, type DiskFullFigures } from './disk-full.js';
+import { proxyStressTargets, runProxyStress, type ProxyStressFigures } from './proxy-stress.js';
 
-/** The reliability suite: fuzz, malformed HTTP, kill -9 restarts, load waves; each against real server processes. */
+/**
+ * The reliability suite: fuzz, malformed HTTP, kill -9 restarts, load waves, and the cases of a damaged
+ * machine (a full disk, a corrupt database or checkpoint, a proxy flooded with new names and aborted
+ * handshakes); each against real server processes.
+ */
 
 export interface SoakOptions {
   root: string;
@@ -16,6 +24,22 @@ export interface SoakOptions {
   rawCases: number;
   kills: number;
   waves: number[];
+  /**
+   * The damaged-machine cases too. npm test runs each of them at a reduced size in a test file of its
+   * own (soak/test/), so its reduced soak leaves them out.
+   */
+  machineCases: boolean;
+  /** Proxy stress: concurrent new names per round, and CONNECTs closed at once. */
+  proxyNames: number;
+  proxyAborted: number;
+}
+
+/** The damaged-machine cases' figures; absent where machineCases was off. */
+export interface MachineFigures {
+  diskFull: DiskFullFigures;
+  corruptDatabase: CorruptDatabaseFigures;
+  corruptCheckpoint: CorruptCheckpointFigures;
+  proxy: ProxyStressFigures;
 }
 
 export interface SoakReport {
@@ -24,6 +48,7 @@ export interface SoakReport {
   raw: RawFigures;
   kills: KillFigures;
   load: LoadFigures;
+  machine: MachineFigures | null;
   seconds: number;
 }
 
@@ -42,7 +67,8 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
       cases: options.cases,
       seed: options.seed,
       main: { base: main.base, auth: { authorization: `Bearer ${BENCH_KEY}` }, other: { authorization: 'Bearer soak-other' } },
-      admin: { base: admin.base, auth: { authorization: 'Bearer soak-admin' }, other: { authorization: 'Bearer not-the-admin-token' } },
+      // The admin API refuses a change without X-Loops-Mock-Admin (CSRF): the fuzz's valid admin cases carry it.
+      admin: { base: admin.base, auth: { authorization: 'Bearer soak-admin', 'x-loops-mock-admin': '1' }, other: { authorization: 'Bearer not-the-admin-token' } },
     });
     raw = await runMalformedHttp(Number(new URL(main.base).port), BENCH_KEY, options.rawCases, options.seed);
   } finally {
@@ -55,12 +81,29 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
   try {
     const kills = await runKillRestart(options.root, killDir, options.kills, options.seed);
     const load = await runLoadWaves(options.root, options.waves, waveDir);
+    const machine = options.machineCases ? await runMachineCases(options) : null;
     const { root: _root, ...rest } = options;
-    return { options: rest, fuzz, raw, kills, load, seconds: (performance.now() - started) / 1000 };
+    return { options: rest, fuzz, raw, kills, load, machine, seconds: (performance.now() - started) / 1000 };
   } finally {
     rmSync(killDir, { recursive: true, force: true });
     rmSync(waveDir, { recursive: true, force: true });
   }
+}
+
+async function runMachineCases(options: SoakOptions): Promise<MachineFigures> {
+  // One after another: each measures its own server, and the 2-core machine would blur them.
+  const diskFull = await runDiskFull(options.root);
+  const corruptDatabase = await runCorruptDatabase(options.root);
+  const corruptCheckpoint = await runCorruptCheckpoint(options.root);
+  const proxy = await runProxyStress(options.root, { names: options.proxyNames, aborted: options.proxyAborted, fdLimit: 1024 });
+  return { diskFull, corruptDatabase, corruptCheckpoint, proxy };
+}
+
+/** Every failure a case recorded, for the report. */
+export function failuresOf(r: SoakReport): string[] {
+  const m = r.machine;
+  const machine = m ? [...m.diskFull.failures, ...m.corruptDatabase.failures, ...m.corruptCheckpoint.failures, ...m.proxy.failures] : [];
+  return [...r.fuzz.failures, ...r.raw.failures, ...r.kills.failures, ...r.load.failures, ...machine];
 }
 
 /** Each figure the issue sets a target for, its value, and whether it meets it. */
@@ -86,5 +129,9 @@ export function targetsOf(r: SoakReport): { figure: string; value: string; targe
     zero('load client errors', r.load.waves.reduce((n, w) => n + w.errors, 0)),
   ];
   if (r.load.waves.length > 1) rows.push({ figure: 'RSS after the last wave / after the first', value: r.load.rssGrowth.toFixed(2), target: '<= 1.10', met: r.load.rssGrowth <= 1.1 });
+  if (r.machine) {
+    const m = r.machine;
+    rows.push(...diskFullTargets(m.diskFull), ...corruptDatabaseTargets(m.corruptDatabase), ...corruptCheckpointTargets(m.corruptCheckpoint), ...proxyStressTargets(m.proxy));
+  }
   return rows;
 }
