@@ -114,6 +114,10 @@ describe('request bodies held at once', () => {
     const refused = await second.answered;
     expect([refused.status, refused.body.error.type, refused.body.error.limit, refused.headers['retry-after']]).toEqual([503, 'unavailable', 'body_bytes_in_flight', '1']);
     expect(refused.body.error.message).toContain('--body-bytes-in-flight');
+    // A large refused body is discarded as it arrives, not cut off: the client sends it whole and reads the 503.
+    const large = slowPost(server.url, `${sampler}/sample`, server.apiKey, JSON.stringify({ pad: 'p'.repeat(8 * 2 ** 20) }));
+    large.finish();
+    expect((await large.answered).status).toBe(503);
     first.finish();
     expect((await first.answered).status).toBe(200);
     // Released with its answer: the next one is taken; and one larger than the whole budget, alone, too.
