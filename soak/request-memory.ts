@@ -148,7 +148,7 @@ function cases(l: CaseLimits, maxSeqLen: number): MemoryCase[] {
 }
 
 /** The server's default limits (server/core/settings.ts, --body-limit) and the concurrency the docs advertise (the soak's waves of 50). */
-export const REQUEST_MEMORY_DEFAULTS: CaseLimits = { sampledTokens: 131_072, batchTokens: 16_384, bodyBytes: 32 * 2 ** 20, concurrency: 50 };
+export const REQUEST_MEMORY_DEFAULTS: CaseLimits = { sampledTokens: 131_072, batchTokens: 8192, bodyBytes: 32 * 2 ** 20, concurrency: 50 };
 
 /** Runs each case against a server process of its own, so each peak is that case's alone. */
 export async function runRequestMemory(root: string, options: RequestMemoryOptions): Promise<RequestMemoryFigures> {

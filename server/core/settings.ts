@@ -64,7 +64,7 @@ export const LIVE_SETTINGS = {
     help: 'most positions one sampling request may hold at once: samples (num_samples, n) × (prompt + max_tokens), each sequence keeping a cache of its positions; over it is a 400 naming this flag',
   },
   maxBatchTokens: {
-    wire: 'max_batch_tokens', shape: 'whole', default: 16_384, range: [1, 67_108_864], flag: true,
+    wire: 'max_batch_tokens', shape: 'whole', default: 8192, range: [1, 67_108_864], flag: true,
     help: 'most positions one forward or forward_backward may carry, all its datums together; over it is a 400 naming this flag',
   },
   bodyBytesInFlight: {
