@@ -223,8 +223,6 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
     app = await buildApp(core, { ...options, allowedHosts, urls: proxy ? basetenUrls() : directUrls(() => publicUrl), front: proxy, engine: () => (warm ? 'ready' : 'warming') });
     // The proxy's limits (refused handshakes) are the operator's to see.
     proxy?.onWarning((message) => app.log.warn(message));
-    // The proxy's limits (refused handshakes) are the operator's to see.
-    proxy?.onWarning((message) => app.log.warn(message));
     await app.listen({ port: options.port, host: options.host });
   } catch (err) {
     core.close();
