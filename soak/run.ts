@@ -61,6 +61,7 @@ if (flags.json) {
     console.log(`disk full: ${m.diskFull.how}; ${m.diskFull.spells} full spells, ${m.diskFull.acknowledged} checkpoints acknowledged, ${m.diskFull.answered507} answers 507`);
     console.log(`corrupt database: ${m.corruptDatabase.cases} damages; corrupt checkpoint: ${m.corruptCheckpoint.cases} damages, ${m.corruptCheckpoint.probes} uses of them`);
     console.log(`proxy: ${m.proxy.names} new names x 2 rounds, ${m.proxy.aborted} aborted CONNECTs a round, fd limit ${m.proxy.fdLimit}`);
+    for (const c of m.requestMemory.cases) console.log(`request memory: ${c.case} (${c.expect}): ${c.outcome}, peak ${c.peakMb.toFixed(0)} MB, ${c.afterMb.toFixed(0)} MB after`);
   }
   for (const f of failuresOf(report)) console.log(`  ${f}`);
 }

@@ -10,11 +10,12 @@ import { corruptCheckpointTargets, runCorruptCheckpoint, type CorruptCheckpointF
 import { corruptDatabaseTargets, runCorruptDatabase, type CorruptDatabaseFigures } from './corrupt-database.js';
 import { diskFullTargets, runDiskFull, type DiskFullFigures } from './disk-full.js';
 import { proxyStressTargets, runProxyStress, type ProxyStressFigures } from './proxy-stress.js';
+import { REQUEST_MEMORY_DEFAULTS, requestMemoryTargets, runRequestMemory, type RequestMemoryFigures } from './request-memory.js';
 
 /**
  * The reliability suite: fuzz, malformed HTTP, kill -9 restarts, load waves, and the cases of a damaged
  * machine (a full disk, a corrupt database or checkpoint, a proxy flooded with new names and aborted
- * handshakes); each against real server processes.
+ * handshakes, each request's memory at its limit); each against real server processes.
  */
 
 export interface SoakOptions {
@@ -40,6 +41,7 @@ export interface MachineFigures {
   corruptDatabase: CorruptDatabaseFigures;
   corruptCheckpoint: CorruptCheckpointFigures;
   proxy: ProxyStressFigures;
+  requestMemory: RequestMemoryFigures;
 }
 
 export interface SoakReport {
@@ -96,13 +98,15 @@ async function runMachineCases(options: SoakOptions): Promise<MachineFigures> {
   const corruptDatabase = await runCorruptDatabase(options.root);
   const corruptCheckpoint = await runCorruptCheckpoint(options.root);
   const proxy = await runProxyStress(options.root, { names: options.proxyNames, aborted: options.proxyAborted, fdLimit: 1024 });
-  return { diskFull, corruptDatabase, corruptCheckpoint, proxy };
+  // Each request at its limit and one over, against the defaults: peak memory beside the 2 GB ceiling.
+  const requestMemory = await runRequestMemory(options.root, { limits: REQUEST_MEMORY_DEFAULTS });
+  return { diskFull, corruptDatabase, corruptCheckpoint, proxy, requestMemory };
 }
 
 /** Every failure a case recorded, for the report. */
 export function failuresOf(r: SoakReport): string[] {
   const m = r.machine;
-  const machine = m ? [...m.diskFull.failures, ...m.corruptDatabase.failures, ...m.corruptCheckpoint.failures, ...m.proxy.failures] : [];
+  const machine = m ? [...m.diskFull.failures, ...m.corruptDatabase.failures, ...m.corruptCheckpoint.failures, ...m.proxy.failures, ...m.requestMemory.failures] : [];
   return [...r.fuzz.failures, ...r.raw.failures, ...r.kills.failures, ...r.load.failures, ...machine];
 }
 
@@ -131,7 +135,7 @@ export function targetsOf(r: SoakReport): { figure: string; value: string; targe
   if (r.load.waves.length > 1) rows.push({ figure: 'RSS after the last wave / after the first', value: r.load.rssGrowth.toFixed(2), target: '<= 1.10', met: r.load.rssGrowth <= 1.1 });
   if (r.machine) {
     const m = r.machine;
-    rows.push(...diskFullTargets(m.diskFull), ...corruptDatabaseTargets(m.corruptDatabase), ...corruptCheckpointTargets(m.corruptCheckpoint), ...proxyStressTargets(m.proxy));
+    rows.push(...diskFullTargets(m.diskFull), ...corruptDatabaseTargets(m.corruptDatabase), ...corruptCheckpointTargets(m.corruptCheckpoint), ...proxyStressTargets(m.proxy), ...requestMemoryTargets(m.requestMemory));
   }
   return rows;
 }
