@@ -8,7 +8,11 @@ const CONNECTIONS = 32;
 const DURATION_S = Number(process.env.BENCH_DURATION_S ?? 5);
 
 async function json(url: string, method = 'GET', body?: unknown): Promise<any> {
-  const res = await fetch(url, { method, headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' }, body: body ? JSON.stringify(body) : method === 'POST' ? '{}' : undefined });
+  const res = await fetch(url, {
+    method,
+    headers: { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' },
+    body: body ? JSON.stringify(body) : method === 'POST' ? '{}' : undefined,
+  });
   return res.json();
 }
 
@@ -47,7 +51,9 @@ export async function benchControlPlane(root: string): Promise<void> {
       worstP99 = Math.max(worstP99, r.latency.p99);
       figure(`control plane: ${name.replace(/\s+/g, ' ')} req/s`, r.requests.average, 'req/s');
       figure(`control plane: ${name.replace(/\s+/g, ' ')} p99`, r.latency.p99, 'ms', { op: '<', value: 5 });
-      console.log(`  ${name.padEnd(36)} ${r.requests.average.toFixed(0).padStart(8)} ${r.latency.p50.toFixed(1).padStart(9)} ${r.latency.p99.toFixed(1).padStart(8)}`);
+      console.log(
+        `  ${name.padEnd(36)} ${r.requests.average.toFixed(0).padStart(8)} ${r.latency.p50.toFixed(1).padStart(9)} ${r.latency.p99.toFixed(1).padStart(8)}`,
+      );
     }
     console.log(`control plane: worst p99 ${worstP99.toFixed(1)} ms (target < 5 ms)`);
   } finally {

@@ -11,7 +11,7 @@ const MODEL = 'Qwen/Qwen3.5-2B';
 /** Waits until resident memory has stopped growing for a second: the background warm-up is done. */
 async function settled(pid: number): Promise<number> {
   let last = residentBytes(pid);
-  for (let still = 0; still < 10;) {
+  for (let still = 0; still < 10; ) {
     await new Promise((r) => setTimeout(r, 100));
     const now = residentBytes(pid);
     still = Math.abs(now - last) < MB ? still + 1 : 0;
@@ -30,7 +30,10 @@ export async function benchFootprint(root: string): Promise<void> {
 
     const session = (await ok(client, 'POST', '/v1/loops/sessions')).session.id;
     const tokens = Array.from({ length: 32 }, (_, i) => (i * 7919 + 13) % 150_000);
-    const datum = { model_input: { chunks: [{ type: 'encoded_text', tokens }] }, loss_fn_inputs: { target_tokens: { data: tokens.slice(1).concat(0), dtype: 'int64' } } };
+    const datum = {
+      model_input: { chunks: [{ type: 'encoded_text', tokens }] },
+      loss_fn_inputs: { target_tokens: { data: tokens.slice(1).concat(0), dtype: 'int64' } },
+    };
     for (let i = 0; i < 20; i++) {
       const run = (await ok(client, 'POST', '/v1/loops/runs', { session_id: session, base_model: MODEL, lora_rank: 16, seed: i, max_seq_len: 1024 })).run;
       const trainer = new URL(run.base_url).pathname;
@@ -38,7 +41,17 @@ export async function benchFootprint(root: string): Promise<void> {
       await runOperation(client, trainer, 'optim_step', { adam_params: { learning_rate: 1e-3 } });
       const published = await runOperation(client, trainer, 'save_weights_for_sampler', { name: 'live' });
       const sampler = new URL((await ok(client, 'GET', `/v1/loops/runs/${run.id}`)).run.sampler.base_url).pathname;
-      await ok(client, 'POST', `${sampler}/sample`, { prompt: { chunks: [{ type: 'encoded_text', tokens: tokens.slice(0, 8) }] }, num_samples: 1, sampling_params: { max_tokens: 16, temperature: 1, seed: i } }, { 'x-min-policy-version': String(published.policy_version) });
+      await ok(
+        client,
+        'POST',
+        `${sampler}/sample`,
+        {
+          prompt: { chunks: [{ type: 'encoded_text', tokens: tokens.slice(0, 8) }] },
+          num_samples: 1,
+          sampling_params: { max_tokens: 16, temperature: 1, seed: i },
+        },
+        { 'x-min-policy-version': String(published.policy_version) },
+      );
     }
     const live = await settled(server.pid);
     console.log(`footprint: resident with 20 live runs (rank 16, each trained, published, sampled): ${(live / MB).toFixed(0)} MB (target < 600 MB)`);

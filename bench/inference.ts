@@ -39,33 +39,42 @@ export async function benchInference(root: string): Promise<void> {
       const ms = performance.now() - t;
       return { firstMs: ms, totalMs: ms, tokens: res.usage.completion_tokens };
     };
-    const streamed = (): Promise<Timed> => new Promise((resolve, reject) => {
-      const t = performance.now();
-      let firstMs = -1;
-      let buffer = '';
-      let tokens = 0;
-      const req = request(`${server.base}${completions}`, { method: 'POST', agent, headers: { authorization: `Bearer ${BENCH_KEY}`, 'content-type': 'application/json' } }, (res) => {
-        if (res.statusCode !== 200) return reject(new Error(`stream: ${res.statusCode}`));
-        res.setEncoding('utf8');
-        res.on('data', (chunk: string) => {
-          buffer += chunk;
-          for (let at = buffer.indexOf('\n\n'); at >= 0; at = buffer.indexOf('\n\n')) {
-            const data = buffer.slice(6, at);
-            buffer = buffer.slice(at + 2);
-            if (data === '[DONE]') continue;
-            const e = JSON.parse(data);
-            if (firstMs < 0 && e.choices?.[0]?.text) firstMs = performance.now() - t;
-            if (e.usage) tokens = e.usage.completion_tokens;
-          }
-        });
-        res.on('end', () => resolve({ firstMs: firstMs < 0 ? performance.now() - t : firstMs, totalMs: performance.now() - t, tokens }));
+    const streamed = (): Promise<Timed> =>
+      new Promise((resolve, reject) => {
+        const t = performance.now();
+        let firstMs = -1;
+        let buffer = '';
+        let tokens = 0;
+        const req = request(
+          `${server.base}${completions}`,
+          { method: 'POST', agent, headers: { authorization: `Bearer ${BENCH_KEY}`, 'content-type': 'application/json' } },
+          (res) => {
+            if (res.statusCode !== 200) return reject(new Error(`stream: ${res.statusCode}`));
+            res.setEncoding('utf8');
+            res.on('data', (chunk: string) => {
+              buffer += chunk;
+              for (let at = buffer.indexOf('\n\n'); at >= 0; at = buffer.indexOf('\n\n')) {
+                const data = buffer.slice(6, at);
+                buffer = buffer.slice(at + 2);
+                if (data === '[DONE]') continue;
+                const e = JSON.parse(data);
+                if (firstMs < 0 && e.choices?.[0]?.text) firstMs = performance.now() - t;
+                if (e.usage) tokens = e.usage.completion_tokens;
+              }
+            });
+            res.on('end', () => resolve({ firstMs: firstMs < 0 ? performance.now() - t : firstMs, totalMs: performance.now() - t, tokens }));
+          },
+        );
+        req.on('error', reject);
+        req.end(JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }));
       });
-      req.on('error', reject);
-      req.end(JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }));
-    });
     const sample = async (): Promise<Timed> => {
       const t = performance.now();
-      const res = await ok(client, 'POST', sampler, { prompt: { chunks: [{ type: 'encoded_text', tokens: PROMPT }] }, num_samples: 1, sampling_params: { max_tokens: MAX_TOKENS, temperature: 1 } });
+      const res = await ok(client, 'POST', sampler, {
+        prompt: { chunks: [{ type: 'encoded_text', tokens: PROMPT }] },
+        num_samples: 1,
+        sampling_params: { max_tokens: MAX_TOKENS, temperature: 1 },
+      });
       const ms = performance.now() - t;
       return { firstMs: ms, totalMs: ms, tokens: res.sequences[0].tokens.length };
     };
@@ -97,9 +106,13 @@ export async function benchInference(root: string): Promise<void> {
     figure('inference: 16-token completions streamed, 1 client', streamFig.rate, 'tokens/s');
     figure('inference: 16-token completions streamed, first token', streamFig.firstP50, 'ms');
     figure('inference: the sampler, 16-token samples of the same prompt, 1 client', samplerFig.rate, 'tokens/s');
-    console.log(`inference: 16-token completions on a deployed checkpoint, 1 client: ${wholeFig.rate.toFixed(0)} tokens/s, first token (with the whole answer) p50 ${wholeFig.firstP50.toFixed(1)} ms`);
+    console.log(
+      `inference: 16-token completions on a deployed checkpoint, 1 client: ${wholeFig.rate.toFixed(0)} tokens/s, first token (with the whole answer) p50 ${wholeFig.firstP50.toFixed(1)} ms`,
+    );
     console.log(`inference: the same, streamed: ${streamFig.rate.toFixed(0)} tokens/s, first token p50 ${streamFig.firstP50.toFixed(1)} ms`);
-    console.log(`inference: beside the Loops sampler on the same server, same prompt and adapter: ${samplerFig.rate.toFixed(0)} tokens/s, a 16-token sample p50 ${samplerFig.firstP50.toFixed(1)} ms (no target set: the sampler is the comparison)`);
+    console.log(
+      `inference: beside the Loops sampler on the same server, same prompt and adapter: ${samplerFig.rate.toFixed(0)} tokens/s, a 16-token sample p50 ${samplerFig.firstP50.toFixed(1)} ms (no target set: the sampler is the comparison)`,
+    );
   } finally {
     agent.destroy();
     client.close();

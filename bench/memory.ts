@@ -29,17 +29,35 @@ export async function benchMemory(root: string): Promise<void> {
     const trainer = new URL(run.base_url).pathname;
     const sampler = new URL(run.sampler.base_url).pathname;
     const tokens = Array.from({ length: LENGTH }, (_, i) => (i * 7919 + 13) % 150_000);
-    const datum = { model_input: { chunks: [{ type: 'encoded_text', tokens }] }, loss_fn_inputs: { target_tokens: { data: tokens.slice(1).concat(0), dtype: 'int64' } } };
+    const datum = {
+      model_input: { chunks: [{ type: 'encoded_text', tokens }] },
+      loss_fn_inputs: { target_tokens: { data: tokens.slice(1).concat(0), dtype: 'int64' } },
+    };
     const prompt = { chunks: [{ type: 'encoded_text', tokens: tokens.slice(0, LENGTH - 16) }] };
     const op = (name: string, body: unknown) => runOperation(client, trainer, name, body);
     const cases: [string, () => Promise<unknown>][] = [
       [`forward_backward, ${LENGTH} tokens`, () => op('forward_backward', { data: [datum], loss_fn: 'cross_entropy' })],
       [`forward, ${LENGTH} tokens`, () => op('forward', { data: [datum], loss_fn: 'cross_entropy' })],
-      [`compute_logprobs, ${LENGTH - 16}-token prompt`, async () => { const r = await send('POST', `${sampler}/compute_logprobs`, { prompt }); if (r.status !== 200) throw new Error(JSON.stringify(r.json)); }],
-      [`sample 16 tokens after a ${LENGTH - 16}-token prompt`, async () => { const r = await send('POST', `${sampler}/sample`, { prompt, num_samples: 1, sampling_params: { max_tokens: 16, temperature: 1, seed: 1 } }); if (r.status !== 200) throw new Error(JSON.stringify(r.json)); }],
+      [
+        `compute_logprobs, ${LENGTH - 16}-token prompt`,
+        async () => {
+          const r = await send('POST', `${sampler}/compute_logprobs`, { prompt });
+          if (r.status !== 200) throw new Error(JSON.stringify(r.json));
+        },
+      ],
+      [
+        `sample 16 tokens after a ${LENGTH - 16}-token prompt`,
+        async () => {
+          const r = await send('POST', `${sampler}/sample`, { prompt, num_samples: 1, sampling_params: { max_tokens: 16, temperature: 1, seed: 1 } });
+          if (r.status !== 200) throw new Error(JSON.stringify(r.json));
+        },
+      ],
     ];
     // Every graph built first, on short inputs: what is measured is what a long input adds.
-    const short = { model_input: { chunks: [{ type: 'encoded_text', tokens: tokens.slice(0, 32) }] }, loss_fn_inputs: { target_tokens: { data: tokens.slice(1, 33), dtype: 'int64' } } };
+    const short = {
+      model_input: { chunks: [{ type: 'encoded_text', tokens: tokens.slice(0, 32) }] },
+      loss_fn_inputs: { target_tokens: { data: tokens.slice(1, 33), dtype: 'int64' } },
+    };
     const shortPrompt = { chunks: [{ type: 'encoded_text', tokens: tokens.slice(0, 32) }] };
     await op('forward_backward', { data: [short], loss_fn: 'cross_entropy' });
     await op('forward', { data: [short], loss_fn: 'cross_entropy' });
@@ -61,11 +79,15 @@ export async function benchMemory(root: string): Promise<void> {
       const grew = (after - before) / MB;
       figure(`memory: ${name}, peak`, peak / MB, 'MB', { op: '<', value: PEAK_TARGET_MB });
       figure(`memory: ${name}, after over before`, grew, 'MB', { op: '<', value: RETURN_TARGET_MB });
-      console.log(`  ${name.padEnd(52)} ${ms.toFixed(0).padStart(6)} ms  peak ${(peak / MB).toFixed(0).padStart(5)} MB (target < ${PEAK_TARGET_MB})  after ${grew >= 0 ? '+' : ''}${grew.toFixed(0)} MB (target < ${RETURN_TARGET_MB})`);
+      console.log(
+        `  ${name.padEnd(52)} ${ms.toFixed(0).padStart(6)} ms  peak ${(peak / MB).toFixed(0).padStart(5)} MB (target < ${PEAK_TARGET_MB})  after ${grew >= 0 ? '+' : ''}${grew.toFixed(0)} MB (target < ${RETURN_TARGET_MB})`,
+      );
     }
     const end = residentBytes(server.pid);
     figure('memory: after all of them, over the start', (end - start) / MB, 'MB', { op: '<', value: RETURN_TARGET_MB });
-    console.log(`  after all of them: ${(end / MB).toFixed(0)} MB, ${end >= start ? '+' : ''}${((end - start) / MB).toFixed(0)} MB over the start (target < ${RETURN_TARGET_MB})`);
+    console.log(
+      `  after all of them: ${(end / MB).toFixed(0)} MB, ${end >= start ? '+' : ''}${((end - start) / MB).toFixed(0)} MB over the start (target < ${RETURN_TARGET_MB})`,
+    );
   } finally {
     close();
     server.stop();

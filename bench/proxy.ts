@@ -42,8 +42,8 @@ export async function benchProxy(root: string): Promise<void> {
     const a: number[] = [];
     const b: number[] = [];
     for (let round = 0; round < 4; round++) {
-      a.push(...await latencies(directUrl, direct, REQUESTS / 4));
-      b.push(...await latencies(proxiedUrl, proxied, REQUESTS / 4));
+      a.push(...(await latencies(directUrl, direct, REQUESTS / 4)));
+      b.push(...(await latencies(proxiedUrl, proxied, REQUESTS / 4)));
     }
     a.sort((x, y) => x - y);
     b.sort((x, y) => x - y);
@@ -65,7 +65,9 @@ export async function benchProxy(root: string): Promise<void> {
     }
     handshakes.sort((x, y) => x - y);
     const handshake = percentile(handshakes, 50) - p50;
-    console.log(`proxy: new connection (CONNECT + TLS handshake + first request) p50 ${percentile(handshakes, 50).toFixed(2)} ms, p99 ${percentile(handshakes, 99).toFixed(2)} ms: the handshake costs ~${handshake.toFixed(2)} ms`);
+    console.log(
+      `proxy: new connection (CONNECT + TLS handshake + first request) p50 ${percentile(handshakes, 50).toFixed(2)} ms, p99 ${percentile(handshakes, 99).toFixed(2)} ms: the handshake costs ~${handshake.toFixed(2)} ms`,
+    );
   } finally {
     await direct.close();
     await proxied.close();

@@ -38,7 +38,9 @@ if (args.includes('--help')) {
   process.exit(0);
 }
 if (unknown.length || unknownParts.length || only.length === 0) {
-  console.error(`bench: ${unknownParts.length ? `unknown part ${unknownParts.join(', ')}` : only.length === 0 ? '--only needs part names' : `unknown argument ${unknown.join(' ')}`}; ${usage}`);
+  console.error(
+    `bench: ${unknownParts.length ? `unknown part ${unknownParts.join(', ')}` : only.length === 0 ? '--only needs part names' : `unknown argument ${unknown.join(' ')}`}; ${usage}`,
+  );
   process.exit(2);
 }
 const print = console.log;

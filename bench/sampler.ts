@@ -13,21 +13,27 @@ export async function benchSampler(root: string): Promise<void> {
     const session = (await send('POST', '/v1/loops/sessions')).session.id;
     const run = (await send('POST', '/v1/loops/runs', { session_id: session, base_model: MODEL, lora_rank: 16 })).run;
     const sampler = new URL(run.sampler.base_url).pathname;
-    const bodyFor = (cut: { top_p?: number; top_k?: number }) => ({ prompt: { chunks: [{ type: 'encoded_text', tokens: Array.from({ length: 32 }, (_, i) => 100 + i) }] }, num_samples: 1, sampling_params: { max_tokens: 16, temperature: 1, ...cut } });
+    const bodyFor = (cut: { top_p?: number; top_k?: number }) => ({
+      prompt: { chunks: [{ type: 'encoded_text', tokens: Array.from({ length: 32 }, (_, i) => 100 + i) }] },
+      num_samples: 1,
+      sampling_params: { max_tokens: 16, temperature: 1, ...cut },
+    });
 
     const measure = async (clients: number, body: unknown, ms = DURATION_MS) => {
       const latencies: number[] = [];
       let tokens = 0;
       const end = performance.now() + ms;
       const started = performance.now();
-      await Promise.all(Array.from({ length: clients }, async () => {
-        while (performance.now() < end) {
-          const t = performance.now();
-          const res = await send('POST', `${sampler}/sample`, body);
-          latencies.push(performance.now() - t);
-          tokens += res.sequences[0].tokens.length;
-        }
-      }));
+      await Promise.all(
+        Array.from({ length: clients }, async () => {
+          while (performance.now() < end) {
+            const t = performance.now();
+            const res = await send('POST', `${sampler}/sample`, body);
+            latencies.push(performance.now() - t);
+            tokens += res.sequences[0].tokens.length;
+          }
+        }),
+      );
       latencies.sort((a, b) => a - b);
       const q = (p: number) => latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))]!;
       return { rate: tokens / ((performance.now() - started) / 1000), p50: q(0.5), p99: q(0.99) };
@@ -49,7 +55,11 @@ export async function benchSampler(root: string): Promise<void> {
       }
       return withCut / without;
     };
-    for (const [label, cut] of [['temperature 1', {}], ['temperature 1, top_k 50', { top_k: 50 }], ['temperature 1, top_p 0.95', { top_p: 0.95 }]] as const) {
+    for (const [label, cut] of [
+      ['temperature 1', {}],
+      ['temperature 1, top_k 50', { top_k: 50 }],
+      ['temperature 1, top_p 0.95', { top_p: 0.95 }],
+    ] as const) {
       const body = bodyFor(cut);
       const noCut = Object.keys(cut).length === 0;
       // Warm-up to the steady state, alone and concurrent: the graphs for single rows and for batches are built
@@ -57,13 +67,15 @@ export async function benchSampler(root: string): Promise<void> {
       // unembedding into a session of its own (half a second, once).
       for (let i = 0; i < 3; i++) await send('POST', `${sampler}/sample`, body);
       let warmTokens = 0;
-      await Promise.all(Array.from({ length: 8 }, async () => {
-        do {
-          // Not `warmTokens += await ...`: that reads warmTokens before the wait, and eight clients' counts overwrite each other.
-          const res = await send('POST', `${sampler}/sample`, body);
-          warmTokens += res.sequences[0].tokens.length;
-        } while (noCut && warmTokens < 6144);
-      }));
+      await Promise.all(
+        Array.from({ length: 8 }, async () => {
+          do {
+            // Not `warmTokens += await ...`: that reads warmTokens before the wait, and eight clients' counts overwrite each other.
+            const res = await send('POST', `${sampler}/sample`, body);
+            warmTokens += res.sequences[0].tokens.length;
+          } while (noCut && warmTokens < 6144);
+        }),
+      );
       const one = await measure(1, body);
       const eight = await measure(8, body);
       figure(`sampler: ${label}, 1 client`, one.rate, 'tokens/s');
@@ -71,8 +83,12 @@ export async function benchSampler(root: string): Promise<void> {
       const ratio = noCut ? 1 : await versusNoCut(body);
       if (!noCut) figure(`sampler: ${label}, 1 client / the no-cut path`, ratio, 'x', { op: '>=', value: 0.8 });
       const versus = noCut ? '' : ` (${ratio.toFixed(2)}x the no-cut path, in windows taken in turn with it; target >= 0.8x)`;
-      console.log(`sampler: 16-token samples (${label}), 1 client: ${one.rate.toFixed(0)} tokens/s${versus}, latency p50 ${one.p50.toFixed(0)} ms, p99 ${one.p99.toFixed(0)} ms`);
-      console.log(`sampler: 16-token samples (${label}), 8 concurrent clients: ${eight.rate.toFixed(0)} tokens/s (${(eight.rate / one.rate).toFixed(1)}x one client; target >= 3x), latency p50 ${eight.p50.toFixed(0)} ms, p99 ${eight.p99.toFixed(0)} ms`);
+      console.log(
+        `sampler: 16-token samples (${label}), 1 client: ${one.rate.toFixed(0)} tokens/s${versus}, latency p50 ${one.p50.toFixed(0)} ms, p99 ${one.p99.toFixed(0)} ms`,
+      );
+      console.log(
+        `sampler: 16-token samples (${label}), 8 concurrent clients: ${eight.rate.toFixed(0)} tokens/s (${(eight.rate / one.rate).toFixed(1)}x one client; target >= 3x), latency p50 ${eight.p50.toFixed(0)} ms, p99 ${eight.p99.toFixed(0)} ms`,
+      );
     }
   } finally {
     client.close();

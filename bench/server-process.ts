@@ -38,7 +38,9 @@ export async function startServerProcess(root: string, args: string[] = []): Pro
     try {
       const res = await fetch(`${base}/v1/loops/capabilities`, { headers: { authorization: `Bearer ${BENCH_KEY}` } });
       if (res.status === 200) break;
-    } catch { /* not listening yet */ }
+    } catch {
+      /* not listening yet */
+    }
     if (child.exitCode !== null) throw new Error(`server exited with status ${child.exitCode} before answering (args: ${args.join(' ')})`);
     if (performance.now() - started > 10_000) {
       child.kill('SIGKILL');
@@ -54,11 +56,15 @@ export function keepAliveClient(base: string, sockets = 16) {
   const agent = new Agent({ keepAlive: true, maxSockets: sockets });
   const send = (method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<{ status: number; json: any }> =>
     new Promise((resolve, reject) => {
-      const req = request(`${base}${path}`, { method, agent, headers: { authorization: `Bearer ${BENCH_KEY}`, 'content-type': 'application/json', ...headers } }, (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () => resolve({ status: res.statusCode!, json: JSON.parse(Buffer.concat(chunks).toString() || 'null') }));
-      });
+      const req = request(
+        `${base}${path}`,
+        { method, agent, headers: { authorization: `Bearer ${BENCH_KEY}`, 'content-type': 'application/json', ...headers } },
+        (res) => {
+          const chunks: Buffer[] = [];
+          res.on('data', (c: Buffer) => chunks.push(c));
+          res.on('end', () => resolve({ status: res.statusCode!, json: JSON.parse(Buffer.concat(chunks).toString() || 'null') }));
+        },
+      );
       req.on('error', reject);
       req.end(body === undefined ? (method === 'POST' ? '{}' : undefined) : JSON.stringify(body));
     });

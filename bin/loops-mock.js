@@ -1,5 +1,5 @@
 #!/bin/sh
-":" //; exec env MALLOC_MMAP_THRESHOLD_=1048576 node --expose-gc "$0" "$@"
+':'; //; exec env MALLOC_MMAP_THRESHOLD_=1048576 node --expose-gc "$0" "$@"
 // The loops-mock command. Read by sh, the line above starts this file again under node with two runtime
 // settings, in place of the shell (the same process id: signals and kill -9 reach the server); read by node,
 // it is a string and a comment. The settings give memory back to the system after a burst (docs/engine.md,
@@ -35,11 +35,14 @@ if (settled || process.env[LAUNCHED] === '1') {
   });
   for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP']) process.on(signal, () => child.kill(signal));
   // --exit-with-parent watches the server's parent, which is this process: this one watches its own for it.
-  const exitWithParent = process.argv.slice(2).some((a) => /^--exit-with-parent(=(1|true|yes|on))?$/i.test(a))
-    || /^(1|true|yes|on)$/i.test(process.env.LOOPS_MOCK_EXIT_WITH_PARENT ?? '');
+  const exitWithParent =
+    process.argv.slice(2).some((a) => /^--exit-with-parent(=(1|true|yes|on))?$/i.test(a)) ||
+    /^(1|true|yes|on)$/i.test(process.env.LOOPS_MOCK_EXIT_WITH_PARENT ?? '');
   if (exitWithParent) {
     const parent = process.ppid;
-    const watch = setInterval(() => { if (process.ppid !== parent) child.kill('SIGTERM'); }, 200);
+    const watch = setInterval(() => {
+      if (process.ppid !== parent) child.kill('SIGTERM');
+    }, 200);
     watch.unref();
   }
   child.on('exit', (code, signal) => {

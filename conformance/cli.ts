@@ -24,27 +24,57 @@ const USAGE = ['Usage:', RUN_USAGE, REPLAY_USAGE, LIST_USAGE].join('\n');
 class UsageError extends Error {}
 
 const RUN_FLAGS: Record<string, FlagDefinition> = {
-  client: { type: 'string' }, scenario: { type: 'string', multiple: true }, task: { type: 'string', multiple: true }, 'report-dir': { type: 'string' }, timeout: { type: 'string' },
-  proxy: { type: 'boolean' }, 'ca-dir': { type: 'string' },
+  client: { type: 'string' },
+  scenario: { type: 'string', multiple: true },
+  task: { type: 'string', multiple: true },
+  'report-dir': { type: 'string' },
+  timeout: { type: 'string' },
+  proxy: { type: 'boolean' },
+  'ca-dir': { type: 'string' },
 };
-const REPLAY_FLAGS: Record<string, FlagDefinition> = { server: { type: 'string' }, key: { type: 'string' }, fixtures: { type: 'string' }, flow: { type: 'string', multiple: true } };
+const REPLAY_FLAGS: Record<string, FlagDefinition> = {
+  server: { type: 'string' },
+  key: { type: 'string' },
+  fixtures: { type: 'string' },
+  flow: { type: 'string', multiple: true },
+};
 
 /** The flags of one subcommand, in the order given; refusals are usage errors (exit status 2). */
-const flagsOf = (argv: string[], definitions: Record<string, FlagDefinition>) => parseFlags(argv, definitions, { error: (message) => new UsageError(message) }).flags;
+const flagsOf = (argv: string[], definitions: Record<string, FlagDefinition>) =>
+  parseFlags(argv, definitions, { error: (message) => new UsageError(message) }).flags;
 
 function parseRunArgs(argv: string[]) {
-  const opts = { client: '', scenarios: [] as string[], tasks: [] as string[], reportDir: undefined as string | undefined, timeoutS: 120, proxy: false, caDir: undefined as string | undefined };
+  const opts = {
+    client: '',
+    scenarios: [] as string[],
+    tasks: [] as string[],
+    reportDir: undefined as string | undefined,
+    timeoutS: 120,
+    proxy: false,
+    caDir: undefined as string | undefined,
+  };
   for (const { name, value } of flagsOf(argv, RUN_FLAGS)) {
     switch (name) {
-      case 'client': opts.client = value; break;
-      case 'scenario': opts.scenarios.push(...value.split(',')); break;
-      case 'task': opts.tasks.push(...value.split(',')); break;
-      case 'report-dir': opts.reportDir = value; break;
+      case 'client':
+        opts.client = value;
+        break;
+      case 'scenario':
+        opts.scenarios.push(...value.split(','));
+        break;
+      case 'task':
+        opts.tasks.push(...value.split(','));
+        break;
+      case 'report-dir':
+        opts.reportDir = value;
+        break;
       case 'proxy':
-        if (value !== 'true' && value !== 'false') throw new UsageError(`--proxy is a switch: give it alone, or as --proxy=true / --proxy=false, got '${value}'`);
+        if (value !== 'true' && value !== 'false')
+          throw new UsageError(`--proxy is a switch: give it alone, or as --proxy=true / --proxy=false, got '${value}'`);
         opts.proxy = value === 'true';
         break;
-      case 'ca-dir': opts.caDir = value; break;
+      case 'ca-dir':
+        opts.caDir = value;
+        break;
       case 'timeout': {
         const n = Number(value);
         if (!(n > 0 && n <= 3600)) throw new UsageError(`--timeout must be seconds from 1 to 3600, got '${value}'`);
@@ -74,9 +104,16 @@ async function main(argv: string[]): Promise<number> {
   }
   if (command === 'list') {
     flagsOf(rest, {}); // list takes no flags: refuse them rather than ignore them
-    const lines = ['Cases (scenario/task: expected outcome):', ...listCases().map((c) => `  ${c.scenario}/${c.task}: ${c.expect}`),
-      '', 'Tasks:', ...Object.entries(TASKS).map(([t, d]) => `  ${t}: ${d}`),
-      '', 'Checks:', ...CHECKS.map((c) => `  ${c.id.padEnd(8)} ${c.level.padEnd(6)} ${c.rule}`)];
+    const lines = [
+      'Cases (scenario/task: expected outcome):',
+      ...listCases().map((c) => `  ${c.scenario}/${c.task}: ${c.expect}`),
+      '',
+      'Tasks:',
+      ...Object.entries(TASKS).map(([t, d]) => `  ${t}: ${d}`),
+      '',
+      'Checks:',
+      ...CHECKS.map((c) => `  ${c.id.padEnd(8)} ${c.level.padEnd(6)} ${c.rule}`),
+    ];
     process.stdout.write(`${lines.join('\n')}\n`);
     return 0;
   }
@@ -132,11 +169,14 @@ async function replay(argv: string[]): Promise<number> {
   return differences ? 1 : 0;
 }
 
-main(process.argv.slice(2)).then((code) => process.exit(code), (err: unknown) => {
-  if (err instanceof UsageError) {
-    process.stderr.write(`loops-conformance: ${err.message}\n${USAGE}\n`);
-    process.exit(2);
-  }
-  process.stderr.write(`loops-conformance: ${(err as Error).stack ?? String(err)}\n`);
-  process.exit(1);
-});
+main(process.argv.slice(2)).then(
+  (code) => process.exit(code),
+  (err: unknown) => {
+    if (err instanceof UsageError) {
+      process.stderr.write(`loops-conformance: ${err.message}\n${USAGE}\n`);
+      process.exit(2);
+    }
+    process.stderr.write(`loops-conformance: ${(err as Error).stack ?? String(err)}\n`);
+    process.exit(1);
+  },
+);

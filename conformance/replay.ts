@@ -30,7 +30,10 @@ export function defaultFixturesDir(): string {
 
 /** Reads every flow in a folder of sdk-fixtures. */
 export function readFixtures(dir: string): Fixture[] {
-  return readdirSync(dir).filter((f) => f.endsWith('.json')).sort().map((f) => JSON.parse(readFileSync(join(dir, f), 'utf8')) as Fixture);
+  return readdirSync(dir)
+    .filter((f) => f.endsWith('.json'))
+    .sort()
+    .map((f) => JSON.parse(readFileSync(join(dir, f), 'utf8')) as Fixture);
 }
 
 /**
@@ -73,7 +76,11 @@ export async function replayFixture(fixture: Fixture, target: ReplayTarget): Pro
     let body: unknown = null;
     if (type.includes('json')) {
       const text = await res.text();
-      try { body = text ? JSON.parse(text) : null; } catch { body = text; }
+      try {
+        body = text ? JSON.parse(text) : null;
+      } catch {
+        body = text;
+      }
     } else {
       await res.arrayBuffer();
     }

@@ -25,7 +25,10 @@ export function textReport(reports: CaseReport[]): string {
   }
   const skips = reports.flatMap((r) => r.results.filter((x) => x.result.verdict === 'SKIP').map((x) => `${caseName(r)} ${x.check.id}: ${x.result.reason}`));
   const count = (v: string) => reports.reduce((n, r) => n + r.results.filter((x) => x.result.verdict === v).length, 0);
-  lines.push('', `${reports.length} case(s): ${count('PASS')} passed, ${count('FAIL')} failed, ${count('SKIP')} skipped (${skips.length ? 'SKIP reasons in the JSON report' : 'none'}).`);
+  lines.push(
+    '',
+    `${reports.length} case(s): ${count('PASS')} passed, ${count('FAIL')} failed, ${count('SKIP')} skipped (${skips.length ? 'SKIP reasons in the JSON report' : 'none'}).`,
+  );
   lines.push('', 'Checks:', ...CHECKS.map((c) => `  ${c.id.padEnd(8)} ${c.level.padEnd(6)} ${c.rule}`));
   return lines.join('\n');
 }
@@ -39,7 +42,8 @@ export function junitReport(reports: CaseReport[]): string {
     const skipped = r.results.filter((x) => x.result.verdict === 'SKIP').length;
     const cases = r.results.map(({ check, result }) => {
       const open = `    <testcase classname="${xml(caseName(r))}" name="${xml(`${check.id} ${check.rule}`)}">`;
-      if (result.verdict === 'FAIL') return `${open}\n      <failure type="${check.level}" message="${xml(result.reason ?? '')}">${xml((result.evidence ?? []).join('\n'))}</failure>\n    </testcase>`;
+      if (result.verdict === 'FAIL')
+        return `${open}\n      <failure type="${check.level}" message="${xml(result.reason ?? '')}">${xml((result.evidence ?? []).join('\n'))}</failure>\n    </testcase>`;
       if (result.verdict === 'SKIP') return `${open}<skipped message="${xml(result.reason ?? '')}"/></testcase>`;
       return `${open}</testcase>`;
     });
@@ -52,8 +56,19 @@ export function jsonReport(reports: CaseReport[]): unknown {
   return {
     checks: CHECKS.map(({ id, level, rule }) => ({ id, level, rule })),
     cases: reports.map((r) => ({
-      scenario: r.scenario, task: r.task, expect: r.expect, duration_ms: r.durationMs, exit_code: r.exitCode, timed_out: r.timedOut,
-      results: r.results.map(({ check, result }) => ({ check: check.id, level: check.level, verdict: result.verdict, reason: result.reason ?? null, evidence: result.evidence ?? [] })),
+      scenario: r.scenario,
+      task: r.task,
+      expect: r.expect,
+      duration_ms: r.durationMs,
+      exit_code: r.exitCode,
+      timed_out: r.timedOut,
+      results: r.results.map(({ check, result }) => ({
+        check: check.id,
+        level: check.level,
+        verdict: result.verdict,
+        reason: result.reason ?? null,
+        evidence: result.evidence ?? [],
+      })),
     })),
   };
 }

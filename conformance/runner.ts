@@ -55,7 +55,8 @@ export function listCases(scenarios?: string[], tasks?: string[]): CaseSpec[] {
     const source = readScenarioSource(scenario);
     const spec = parseScenario(source.text, source.source) as { conformance?: { tasks?: Record<string, string> } };
     for (const [task, expect] of Object.entries(spec.conformance?.tasks ?? {})) {
-      if (!(TASK_NAMES as string[]).includes(task) || (expect !== 'ok' && expect !== 'error')) throw new Error(`scenario ${scenario}: conformance.tasks.${task}: expected a task (${TASK_NAMES.join(', ')}) mapped to ok or error`);
+      if (!(TASK_NAMES as string[]).includes(task) || (expect !== 'ok' && expect !== 'error'))
+        throw new Error(`scenario ${scenario}: conformance.tasks.${task}: expected a task (${TASK_NAMES.join(', ')}) mapped to ok or error`);
       if (tasks?.length && !tasks.includes(task)) continue;
       cases.push({ scenario, task: task as TaskName, expect });
     }
@@ -73,8 +74,15 @@ export async function runCase(spec: CaseSpec, options: RunOptions): Promise<Case
   const dir = mkdtempSync(join(tmpdir(), `loops-conformance-${spec.scenario}-`));
   const apiKey = `conformance-${randomBytes(6).toString('hex')}`;
   const server = await startServer({
-    port: 0, logLevel: 'silent', dataDir: join(dir, 'state'), admin: true, adminToken: randomBytes(16).toString('hex'),
-    journalDetail: 'full', journalSize: 1_000_000, scenario: spec.scenario, engines: options.engines,
+    port: 0,
+    logLevel: 'silent',
+    dataDir: join(dir, 'state'),
+    admin: true,
+    adminToken: randomBytes(16).toString('hex'),
+    journalDetail: 'full',
+    journalSize: 1_000_000,
+    scenario: spec.scenario,
+    engines: options.engines,
     ...(options.proxy ? { proxy: true, caDir: options.proxy.caDir } : {}),
   });
   try {
@@ -82,13 +90,17 @@ export async function runCase(spec: CaseSpec, options: RunOptions): Promise<Case
     const output = join(dir, 'output.json');
     writeFileSync(input, JSON.stringify(taskInputs()[spec.task]));
     // The server's own variables (the URLs, or the proxy and its CA), with this case's key.
-    const exit = await runClient(options.client, {
-      ...server.env,
-      BASETEN_API_KEY: apiKey,
-      LOOPS_CONFORMANCE_TASK: spec.task,
-      LOOPS_CONFORMANCE_INPUT: input,
-      LOOPS_CONFORMANCE_OUTPUT: output,
-    }, options.timeoutS * 1000);
+    const exit = await runClient(
+      options.client,
+      {
+        ...server.env,
+        BASETEN_API_KEY: apiKey,
+        LOOPS_CONFORMANCE_TASK: spec.task,
+        LOOPS_CONFORMANCE_INPUT: input,
+        LOOPS_CONFORMANCE_OUTPUT: output,
+      },
+      options.timeoutS * 1000,
+    );
     let out: ClientOutput | null = null;
     try {
       out = JSON.parse(readFileSync(output, 'utf8')) as ClientOutput;
@@ -126,12 +138,20 @@ function runClient(command: string, env: Record<string, string>, timeoutMs: numb
     const child = spawn(command, { shell: true, detached: true, env: { ...process.env, ...env }, stdio: ['ignore', 'ignore', 'pipe'] });
     let stderr = '';
     let timedOut = false;
-    child.stderr!.on('data', (d: Buffer) => { stderr = (stderr + d.toString()).slice(-4000); });
+    child.stderr!.on('data', (d: Buffer) => {
+      stderr = (stderr + d.toString()).slice(-4000);
+    });
     const timer = setTimeout(() => {
       timedOut = true;
-      try { process.kill(-child.pid!, 'SIGKILL'); } catch { /* already gone */ }
+      try {
+        process.kill(-child.pid!, 'SIGKILL');
+      } catch {
+        /* already gone */
+      }
     }, timeoutMs);
-    child.on('error', (err) => { stderr += `\ncould not start the client: ${err.message}`; });
+    child.on('error', (err) => {
+      stderr += `\ncould not start the client: ${err.message}`;
+    });
     child.on('close', (code) => {
       clearTimeout(timer);
       resolve({ code, timedOut, stderrTail: stderr.trim().split('\n').slice(-8).join('\n') });

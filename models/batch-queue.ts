@@ -52,7 +52,15 @@ export class BatchQueue<T, R> implements Batches {
     for (const p of this.pending) {
       if (batch.length === maxBatch) break;
       if (keyOf(p.request) !== key) continue;
-      if (batch.length && fits && !fits(batch.map((b) => b.request), p.request)) continue;
+      if (
+        batch.length &&
+        fits &&
+        !fits(
+          batch.map((b) => b.request),
+          p.request,
+        )
+      )
+        continue;
       batch.push(p);
     }
     this.pending = this.pending.filter((p) => !batch.includes(p));
@@ -61,7 +69,12 @@ export class BatchQueue<T, R> implements Batches {
       batch.forEach((p, i) => p.resolve(results[i]!));
     } catch (err) {
       if (batch.length === 1) batch[0]!.reject(err as Error);
-      else for (const p of batch) await run([p.request]).then(([r]) => p.resolve(r!), (e: Error) => p.reject(e));
+      else
+        for (const p of batch)
+          await run([p.request]).then(
+            ([r]) => p.resolve(r!),
+            (e: Error) => p.reject(e),
+          );
     }
   }
 }

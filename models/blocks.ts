@@ -21,7 +21,7 @@ export type Block = readonly [start: number, end: number];
  */
 export function blocksOf(length: number, heads: number, limits: { positions: number; attentionFloats: number }): Block[] {
   const blocks: Block[] = [];
-  for (let start = 0; start < length;) {
+  for (let start = 0; start < length; ) {
     let size = Math.min(limits.positions, length - start);
     while (size > 16 && heads * size * (start + size) > limits.attentionFloats) size = Math.ceil(size / 2);
     blocks.push([start, start + size]);
@@ -35,7 +35,9 @@ export function blockSequence(seq: ScoredSequence, [start, end]: Block): ScoredS
   return {
     tokens: seq.tokens.slice(start, end),
     targets: seq.targets.slice(start, end),
-    scored: positionsOf(seq).filter((t) => t >= start && t < end).map((t) => t - start),
+    scored: positionsOf(seq)
+      .filter((t) => t >= start && t < end)
+      .map((t) => t - start),
   };
 }
 
@@ -49,7 +51,10 @@ export class SequenceCache {
   private readonly heads: number;
   private readonly hd: number;
 
-  constructor(dims: ModelDims, readonly length: number) {
+  constructor(
+    dims: ModelDims,
+    readonly length: number,
+  ) {
     this.heads = dims.heads;
     this.hd = dims.dModel / dims.heads;
     this.tensors = Array.from({ length: 2 * dims.layers }, () => new Float32Array(this.heads * length * this.hd));

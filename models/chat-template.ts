@@ -11,7 +11,10 @@ import { readFileSync } from 'node:fs';
 export class ChatTemplate {
   private readonly template: Template;
 
-  constructor(readonly source: string, private readonly specials: Record<string, string | null>) {
+  constructor(
+    readonly source: string,
+    private readonly specials: Record<string, string | null>,
+  ) {
     this.template = new Template(source);
   }
 
@@ -21,7 +24,12 @@ export class ChatTemplate {
     const config = JSON.parse(readFileSync(configPath, 'utf8')) as Record<string, unknown>;
     const raw = config.chat_template;
     // A list of named templates: the one called `default`, as transformers picks it.
-    const text = typeof raw === 'string' ? raw : Array.isArray(raw) ? (raw as { name: string; template: string }[]).find((t) => t.name === 'default')?.template : undefined;
+    const text =
+      typeof raw === 'string'
+        ? raw
+        : Array.isArray(raw)
+          ? (raw as { name: string; template: string }[]).find((t) => t.name === 'default')?.template
+          : undefined;
     if (!text) return null;
     const tokenText = (t: unknown) => (typeof t === 'string' ? t : ((t as { content?: string } | null)?.content ?? null));
     return new ChatTemplate(text, {

@@ -15,11 +15,14 @@ export function collectorAfterReleases(delayMs = 200, minGapMs = 1000): () => vo
   let last = -Infinity;
   return () => {
     if (timer) return;
-    timer = setTimeout(() => {
-      timer = undefined;
-      last = performance.now();
-      gc();
-    }, Math.max(delayMs, last + minGapMs - performance.now()));
+    timer = setTimeout(
+      () => {
+        timer = undefined;
+        last = performance.now();
+        gc();
+      },
+      Math.max(delayMs, last + minGapMs - performance.now()),
+    );
     // Never what keeps the process (or a worker) alive.
     timer.unref?.();
   };

@@ -39,13 +39,26 @@ export interface Uniforms {
  */
 export function uniformFeeds(kind: StepKind, rows: Uniforms[][], N: number): Record<string, Feed> {
   const of = (pick: (d: Uniforms) => number) =>
-    feed('float32', Float32Array.from({ length: rows.length * N }, (_, i) => { const d = rows[Math.floor(i / N)]![i % N]; return d ? pick(d) : 0.5; }), [rows.length, N]);
+    feed(
+      'float32',
+      Float32Array.from({ length: rows.length * N }, (_, i) => {
+        const d = rows[Math.floor(i / N)]![i % N];
+        return d ? pick(d) : 0.5;
+      }),
+      [rows.length, N],
+    );
   return isNucleus(kind) ? { u: of((d) => d.u), u_retry: of((d) => d.retry!) } : { u: of((d) => d.u) };
 }
 
 /** The inputs of a cut draw: each row's top_p, and k for a top-k one (one k per graph run). */
 export function cutFeeds(cut: TopCut, topP: number[]): Record<string, Feed> {
   // A top_p below float32's smallest number would become 0 and keep nothing: the smallest keeps the most likely token.
-  const rows = { top_p: feed('float32', Float32Array.from(topP, (p) => Math.max(p, 2 ** -149)), [topP.length, 1]) };
+  const rows = {
+    top_p: feed(
+      'float32',
+      Float32Array.from(topP, (p) => Math.max(p, 2 ** -149)),
+      [topP.length, 1],
+    ),
+  };
   return cut.topK > 0 ? { ...rows, k: feed('int64', BigInt64Array.from([BigInt(cut.topK)]), [1]) } : rows;
 }

@@ -176,7 +176,11 @@ function massAtLeast(g: GraphBuilder, probs: Sym, thresholds: Sym): Sym {
  */
 function settleRowsWhere(g: GraphBuilder, settled: Sym, tokens: Sym, rowsDim: string, settle: (b: GraphBuilder, rows: Sym) => Sym[]): Sym[] {
   const rowSettled = g.reduceMin(g.cast(settled, 'float32'), [1]);
-  return g.ifElse(g.less(g.reduceMin(rowSettled, [0]), g.scalar(1)), (b) => settle(b, b.indicesOf(b.less(rowSettled, b.scalar(1)), rowsDim)), () => [tokens]);
+  return g.ifElse(
+    g.less(g.reduceMin(rowSettled, [0]), g.scalar(1)),
+    (b) => settle(b, b.indicesOf(b.less(rowSettled, b.scalar(1)), rowsDim)),
+    () => [tokens],
+  );
 }
 
 /**

@@ -10,7 +10,10 @@ export const MAX_BATCH_REQUESTS = MIXED_SLOTS;
  * each): the batch in that order, its adapters, each request's index among them, and with several adapters
  * each row's (`rowsOf`: a request's rows), as a mixed-adapter run takes them.
  */
-export function byAdapter<T extends { adapter: LoraAdapter }>(arrived: T[], rowsOf: (request: T) => number): { batch: T[]; adapters: LoraAdapter[]; slots: number[]; rowAdapters?: number[] } {
+export function byAdapter<T extends { adapter: LoraAdapter }>(
+  arrived: T[],
+  rowsOf: (request: T) => number,
+): { batch: T[]; adapters: LoraAdapter[]; slots: number[]; rowAdapters?: number[] } {
   const groups = new Map<string, T[]>();
   for (const r of arrived) {
     const key = versionKey(r.adapter);

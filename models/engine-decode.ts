@@ -41,12 +41,22 @@ export class Decoding {
     schedule: flushSoon(() => this.streams.decoding, BATCH_WAIT_MS),
   });
 
-  constructor(private readonly graphs: GraphTurns, private readonly streams: SamplingStreams, private readonly dims: ModelDims, private readonly batchRuns: boolean) {
+  constructor(
+    private readonly graphs: GraphTurns,
+    private readonly streams: SamplingStreams,
+    private readonly dims: ModelDims,
+    private readonly batchRuns: boolean,
+  ) {
     this.presents = layerNames(dims, 'present_k', 'present_v');
   }
 
   /** The decode graph on `tokens` after the cached positions in `state` (ModelEngine.decode). */
-  async decode(tokens: number[][], adapter: LoraAdapter, state: DecodeState | null, invTemperature: number): Promise<{ logprobs: Float32Array; probs: Float32Array; state: DecodeState }> {
+  async decode(
+    tokens: number[][],
+    adapter: LoraAdapter,
+    state: DecodeState | null,
+    invTemperature: number,
+  ): Promise<{ logprobs: Float32Array; probs: Float32Array; state: DecodeState }> {
     const B = tokens.length;
     const Tq = tokens[0]!.length;
     const P = state?.length ?? 0;
@@ -58,7 +68,8 @@ export class Decoding {
   /** Queues one decode step for a stream's rows (ModelEngine.decodeRows). */
   step(rows: DecodeRow[], adapter: LoraAdapter, invTemperature: number, cut: TopCut | null): Promise<RowStep[]> {
     // Refused here, before the rows can share a graph run with other requests' and fail theirs too.
-    if (cut && !cut.topK && rows.some((r) => r.draw !== undefined && r.draw >= 0 && r.retry === undefined)) throw new Error('a top_p draw needs a retry number');
+    if (cut && !cut.topK && rows.some((r) => r.draw !== undefined && r.draw >= 0 && r.retry === undefined))
+      throw new Error('a top_p draw needs a retry number');
     return this.steps.push({ rows, adapter, invTemperature, cut: rows[0]?.draw !== undefined && rows[0].draw >= 0 ? cut : null });
   }
 
@@ -67,22 +78,49 @@ export class Decoding {
     const { batch, adapters, rowAdapters } = byAdapter(arrived, (r) => r.rows.length);
     const rows = batch.flatMap((r) => r.rows);
     const { vocab } = this.dims;
-    const feeds = stepFeeds(this.dims, rows, batch.flatMap((r) => r.rows.map(() => r.invTemperature)));
+    const feeds = stepFeeds(
+      this.dims,
+      rows,
+      batch.flatMap((r) => r.rows.map(() => r.invTemperature)),
+    );
     const kind = stepKind(batch[0]!);
     const cut = batch[0]!.cut;
-    if (kind === 'draw' || cut) Object.assign(feeds, uniformFeeds(kind, rows.map((r) => [{ u: r.draw!, retry: r.retry }]), 1));
-    if (cut) Object.assign(feeds, cutFeeds(cut, batch.flatMap((r) => r.rows.map(() => r.cut!.topP))));
+    if (kind === 'draw' || cut)
+      Object.assign(
+        feeds,
+        uniformFeeds(
+          kind,
+          rows.map((r) => [{ u: r.draw!, retry: r.retry }]),
+          1,
+        ),
+      );
+    if (cut)
+      Object.assign(
+        feeds,
+        cutFeeds(
+          cut,
+          batch.flatMap((r) => r.rows.map(() => r.cut!.topP)),
+        ),
+      );
     const drawn = kind !== 'decode';
     const outputs = [...(drawn ? ['token', 'token_logprob'] : ['logprobs', 'probs']), ...this.presents];
     // A turn of the engine's queue, as every graph run takes: one graph at a time, in order with training work.
     const result = await this.graphs.inTurn(() => this.graphs.runNow(kind, feeds, outputs, adapters, rowAdapters));
-    const caches = grownCaches(this.dims, this.presents.map((n) => result[n]!), rows);
+    const caches = grownCaches(
+      this.dims,
+      this.presents.map((n) => result[n]!),
+      rows,
+    );
     const steps = caches.map((cache, b): RowStep => {
       if (drawn) return { drawn: { token: Number((result.token as unknown as BigInt64Array)[b]!), logprob: result.token_logprob![b]! }, cache };
       return { logprobs: result.logprobs!.subarray(b * vocab, (b + 1) * vocab), probs: result.probs!.subarray(b * vocab, (b + 1) * vocab), cache };
     });
     let at = 0;
-    return inArrivalOrder(arrived, batch, batch.map((r) => steps.slice(at, (at += r.rows.length))));
+    return inArrivalOrder(
+      arrived,
+      batch,
+      batch.map((r) => steps.slice(at, (at += r.rows.length))),
+    );
   }
 }
 

@@ -42,7 +42,12 @@ export class GraphTurns {
   /** Told after each heavy run (ModelEngine.onLongSequence). */
   onLongSequence?: () => void;
 
-  constructor(private readonly runner: Runner, private readonly modelName: string, private readonly dims: ModelDims, private readonly sites: LoraSite[]) {}
+  constructor(
+    private readonly runner: Runner,
+    private readonly modelName: string,
+    private readonly dims: ModelDims,
+    private readonly sites: LoraSite[],
+  ) {}
 
   /** Runs `fn` after everything queued before it, whether that failed or not. */
   inTurn<T>(fn: () => Promise<T>): Promise<T> {
@@ -58,7 +63,13 @@ export class GraphTurns {
   }
 
   /** Runs a graph now: only from a turn already taken. With `rowAdapters` (each row's index into `adapters`), the mixed-adapter graph. */
-  async runNow(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[], adapters: LoraAdapter[], rowAdapters?: number[]): Promise<Record<string, Float32Array>> {
+  async runNow(
+    kind: GraphKind,
+    feeds: Record<string, Feed>,
+    outputs: string[],
+    adapters: LoraAdapter[],
+    rowAdapters?: number[],
+  ): Promise<Record<string, Float32Array>> {
     // Many scored positions of one adapter: LoRA merged into the unembedding weight first (see GraphOptions).
     const scored = feeds.targets?.dims.reduce((p, n) => p * n, 1) ?? 0;
     const merged = !rowAdapters && !DECODE_KINDS.includes(kind) && scored >= MERGE_FROM_POSITIONS;

@@ -48,7 +48,11 @@ export class Prefill {
     keyOf: (p) => drawBatchKey(p.adapter, p.kind, p.cut, this.batchRuns),
     maxBatch: MAX_BATCH_REQUESTS,
     run: (batch) => this.graphs.inTurn(() => this.prefill(batch)),
-    schedule: flushSoon(() => this.prompts.size + this.streams.returning(), BATCH_WAIT_MS, () => this.streams.forgetReturning()),
+    schedule: flushSoon(
+      () => this.prompts.size + this.streams.returning(),
+      BATCH_WAIT_MS,
+      () => this.streams.forgetReturning(),
+    ),
   });
 
   constructor(
@@ -63,7 +67,14 @@ export class Prefill {
   }
 
   /** Queues one prompt's prefill (ModelEngine.startSequence says what comes back). */
-  start(tokens: number[], adapter: LoraAdapter, invTemperature: number, draws: number[] | null, cut: TopCut | null, retries: number[] | null): Promise<SequenceStart> {
+  start(
+    tokens: number[],
+    adapter: LoraAdapter,
+    invTemperature: number,
+    draws: number[] | null,
+    cut: TopCut | null,
+    retries: number[] | null,
+  ): Promise<SequenceStart> {
     const kind = draws === null ? 'decode' : draws[0]! < 0 ? 'greedy' : cut ? cutKind(cut, draws.length) : 'draw';
     if (isNucleus(kind) && retries?.length !== draws!.length) throw new Error('a top_p draw needs one retry number per draw');
     this.streams.promptArrived();
@@ -103,25 +114,50 @@ export class Prefill {
     const { batch, adapters, rowAdapters } = byAdapter(arrived, () => 1);
     const { kind } = batch[0]!;
     const P = state?.length ?? 0;
-    const feeds = promptFeeds(this.dims, batch.map((p) => p.tokens), batch.map((p) => p.invTemperature), state);
+    const feeds = promptFeeds(
+      this.dims,
+      batch.map((p) => p.tokens),
+      batch.map((p) => p.invTemperature),
+      state,
+    );
     const N = Math.max(...batch.map((p) => p.draws?.length ?? 0));
     const cut = batch[0]!.cut;
-    if (kind === 'draw' || cut) Object.assign(feeds, uniformFeeds(kind, batch.map((p) => p.draws!.map((u, i) => ({ u, retry: p.retries?.[i] }))), N));
-    if (cut) Object.assign(feeds, cutFeeds(cut, batch.map((p) => p.cut!.topP)));
+    if (kind === 'draw' || cut)
+      Object.assign(
+        feeds,
+        uniformFeeds(
+          kind,
+          batch.map((p) => p.draws!.map((u, i) => ({ u, retry: p.retries?.[i] }))),
+          N,
+        ),
+      );
+    if (cut)
+      Object.assign(
+        feeds,
+        cutFeeds(
+          cut,
+          batch.map((p) => p.cut!.topP),
+        ),
+      );
     const outputs = kind === 'decode' ? ['logprobs', 'probs'] : ['token', 'token_logprob'];
     const result = await this.graphs.runNow(kind, feeds, [...outputs, ...this.presents], adapters, rowAdapters);
     const T = feeds.tokens!.dims[1]!;
     const { vocab } = this.dims;
-    return inArrivalOrder(arrived, batch, batch.map((p, b) => {
-      const cache = { past: this.presents.map((n) => rowCache(this.dims, result[n]!, b, P + T, P + p.tokens.length)), length: P + p.tokens.length };
-      if (kind === 'decode') return { logprobs: result.logprobs!.subarray(b * vocab, (b + 1) * vocab), probs: result.probs!.subarray(b * vocab, (b + 1) * vocab), cache };
-      const ids = result.token as unknown as BigInt64Array;
-      const width = kind === 'greedy' ? 1 : N;
-      const drawn = p.draws!.map((_, i) => {
-        const at = b * width + (kind === 'greedy' ? 0 : i);
-        return { token: Number(ids[at]!), logprob: result.token_logprob![at]! };
-      });
-      return { drawn, cache };
-    }));
+    return inArrivalOrder(
+      arrived,
+      batch,
+      batch.map((p, b) => {
+        const cache = { past: this.presents.map((n) => rowCache(this.dims, result[n]!, b, P + T, P + p.tokens.length)), length: P + p.tokens.length };
+        if (kind === 'decode')
+          return { logprobs: result.logprobs!.subarray(b * vocab, (b + 1) * vocab), probs: result.probs!.subarray(b * vocab, (b + 1) * vocab), cache };
+        const ids = result.token as unknown as BigInt64Array;
+        const width = kind === 'greedy' ? 1 : N;
+        const drawn = p.draws!.map((_, i) => {
+          const at = b * width + (kind === 'greedy' ? 0 : i);
+          return { token: Number(ids[at]!), logprob: result.token_logprob![at]! };
+        });
+        return { drawn, cache };
+      }),
+    );
   }
 }

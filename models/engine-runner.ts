@@ -70,7 +70,10 @@ export class WorkerRunner implements Runner {
    */
   close(): Promise<void> {
     return (this.closing ??= (async () => {
-      if (this.pending.size) await new Promise<void>((resolve) => { this.drained = resolve; });
+      if (this.pending.size)
+        await new Promise<void>((resolve) => {
+          this.drained = resolve;
+        });
       const w = this.worker;
       this.worker = null;
       if (w) await w.terminate();

@@ -2,7 +2,20 @@
 import { BatchQueue } from './batch-queue.js';
 import { byAdapter, inArrivalOrder, MAX_BATCH_REQUESTS } from './engine-batches.js';
 import type { GraphTurns } from './engine-graphs.js';
-import { cotangentFeed, feed, fitsOneRun, gradNames, ownCotangentFeeds, scoringUnits, sequenceFeeds, topkRows, unpad, type ScoredSequence, type ScoringLimits, type TopTokens } from './feeds.js';
+import {
+  cotangentFeed,
+  feed,
+  fitsOneRun,
+  gradNames,
+  ownCotangentFeeds,
+  scoringUnits,
+  sequenceFeeds,
+  topkRows,
+  unpad,
+  type ScoredSequence,
+  type ScoringLimits,
+  type TopTokens,
+} from './feeds.js';
 import type { LongSequences } from './long-sequences.js';
 import { siteRank, versionKey, type LoraAdapter } from './lora.js';
 import { columnsOf, memberGrads } from './side-by-side.js';
@@ -58,7 +71,10 @@ export class Scoring {
     keyOf: (r) => r.kind,
     maxBatch: MAX_BATCH_REQUESTS,
     // One adapter's backward chunks of two calls stay apart: their gradients must.
-    fits: (taken, next) => this.batchRuns && !(next.kind === 'backward' && taken.some((r) => versionKey(r.adapter) === versionKey(next.adapter))) && this.joinable([...taken, next].flatMap((r) => r.seqs)),
+    fits: (taken, next) =>
+      this.batchRuns &&
+      !(next.kind === 'backward' && taken.some((r) => versionKey(r.adapter) === versionKey(next.adapter))) &&
+      this.joinable([...taken, next].flatMap((r) => r.seqs)),
     run: (batch) => this.scoreTogether(batch),
     schedule: (queue) => void this.graphs.inTurn(() => queue.runBatch()),
   });
@@ -158,13 +174,23 @@ export class Scoring {
     const feeds = sequenceFeeds(this.dims, seqs);
     if (kind === 'backward') {
       const T = Math.max(...seqs.map((s) => s.tokens.length));
-      Object.assign(feeds, { cotangent: cotangentFeed(seqs, batch.flatMap((r) => r.cotangents!)) }, ownCotangentFeeds(this.dims, seqs.length, T));
+      Object.assign(
+        feeds,
+        {
+          cotangent: cotangentFeed(
+            seqs,
+            batch.flatMap((r) => r.cotangents!),
+          ),
+        },
+        ownCotangentFeeds(this.dims, seqs.length, T),
+      );
     }
     const grads = !rowAdapters ? this.gradNames : [...this.layerGradNames, ...adapters.flatMap((_, j) => [`grad.lm_head.A.${j}`, `grad.lm_head.B.${j}`])];
     const outputs = kind === 'backward' ? ['logprobs', ...grads] : ['logprobs'];
     const result = await this.graphs.runNow(kind, feeds, outputs, adapters, rowAdapters);
     // Every layer site has the adapter's rank (SideBySide checks): one site's ranks place every site's columns.
-    const columns = kind === 'backward' && rowAdapters ? columnsOf(adapters.map((a) => siteRank(a.tensors.get(this.layerSites[0]!.key)!, this.layerSites[0]!))) : null;
+    const columns =
+      kind === 'backward' && rowAdapters ? columnsOf(adapters.map((a) => siteRank(a.tensors.get(this.layerSites[0]!.key)!, this.layerSites[0]!))) : null;
     const logprobs = unpad(result.logprobs!, seqs);
     let at = 0;
     const results = batch.map((r, i): ScoringResult => {

@@ -43,7 +43,11 @@ export class SamplingStreams {
     this.open++;
     let open = true;
     return () => {
-      if (open) { open = false; this.open--; this.ended.push(performance.now()); }
+      if (open) {
+        open = false;
+        this.open--;
+        this.ended.push(performance.now());
+      }
     };
   }
 }

@@ -14,7 +14,10 @@ export async function warmUp(sites: LoraSite[], scoring: Scoring, prefill: Prefi
   const adapter = freshAdapter(sites, 4, 8, 'warm-up');
   const seq = { tokens: [1, 2, 3], targets: [2, 3, 4] };
   // Short batches score through the unembedding and LoRA apart, long ones through their merged weight.
-  const long = { tokens: Array.from({ length: MERGE_FROM_POSITIONS }, (_, i) => i + 1), targets: Array.from({ length: MERGE_FROM_POSITIONS }, (_, i) => i + 2) };
+  const long = {
+    tokens: Array.from({ length: MERGE_FROM_POSITIONS }, (_, i) => i + 1),
+    targets: Array.from({ length: MERGE_FROM_POSITIONS }, (_, i) => i + 2),
+  };
   for (const s of [seq, long]) {
     await scoring.forward([s], adapter);
     await scoring.backward([s], adapter, [new Float32Array(s.tokens.length).fill(1)]);

@@ -13,7 +13,10 @@ parentPort!.on('message', async (msg: { id: number; warm?: RunRequest['kind']; r
       return;
     }
     const outputs = await runner.run(msg.run!);
-    parentPort!.postMessage({ id: msg.id, outputs }, Object.values(outputs).map((o) => o.data.buffer as ArrayBuffer));
+    parentPort!.postMessage(
+      { id: msg.id, outputs },
+      Object.values(outputs).map((o) => o.data.buffer as ArrayBuffer),
+    );
   } catch (err) {
     parentPort!.postMessage({ id: msg.id, error: { name: (err as Error).name, message: (err as Error).message } });
   }

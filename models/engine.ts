@@ -94,14 +94,24 @@ export class ModelEngine {
   private readonly prefill: Prefill;
   private readonly decoding: Decoding;
 
-  constructor(readonly modelName: string, vocab: number, options: EngineOptions = {}) {
+  constructor(
+    readonly modelName: string,
+    vocab: number,
+    options: EngineOptions = {},
+  ) {
     this.dims = { vocab, ...DEFAULT_DIMS, ...options.dims };
     const batchRuns = options.batchRuns ?? true;
     this.sites = loraSites(this.dims, options.unembeddingRank);
     const limits = { positions: options.maxPositionsPerRun ?? 512, scored: options.maxScoredPerRun ?? Math.max(16, Math.floor(LOGIT_FLOATS_PER_RUN / vocab)) };
     // Blocks of a long sequence: as many positions as one run may score, fewer where keys grow long.
     const attentionFloats = options.attentionFloatsPerRun ?? 8 * 2 ** 20;
-    const config = { modelName, dims: this.dims, device: options.device ?? 'cpu', threads: options.threads, packAfterBatchedRows: options.packAfterBatchedRows };
+    const config = {
+      modelName,
+      dims: this.dims,
+      device: options.device ?? 'cpu',
+      threads: options.threads,
+      packAfterBatchedRows: options.packAfterBatchedRows,
+    };
     // onnxruntime is loaded only where graphs run: in the worker, or here on first use when inline.
     this.runner = options.thread === 'inline' ? new InlineRunner(config) : new WorkerRunner(config);
     this.graphs = new GraphTurns(this.runner, modelName, this.dims, this.sites);
@@ -152,7 +162,12 @@ export class ModelEngine {
    * the log-softmax of logits × `invTemperature` and its exp ([batch × vocab]
    * each), and the grown cache.
    */
-  decode(tokens: number[][], adapter: LoraAdapter, state: DecodeState | null, invTemperature = 1): Promise<{ logprobs: Float32Array; probs: Float32Array; state: DecodeState }> {
+  decode(
+    tokens: number[][],
+    adapter: LoraAdapter,
+    state: DecodeState | null,
+    invTemperature = 1,
+  ): Promise<{ logprobs: Float32Array; probs: Float32Array; state: DecodeState }> {
     return this.decoding.decode(tokens, adapter, state, invTemperature);
   }
 
@@ -165,7 +180,14 @@ export class ModelEngine {
    * in `retries` (see DecodeRow.retry). Prompts that arrive while the engine is busy are prefilled
    * together in one graph run (rows of different lengths, padded and masked).
    */
-  startSequence(tokens: number[], adapter: LoraAdapter, invTemperature: number, draws: number[] | null, cut: TopCut | null = null, retries: number[] | null = null): Promise<SequenceStart> {
+  startSequence(
+    tokens: number[],
+    adapter: LoraAdapter,
+    invTemperature: number,
+    draws: number[] | null,
+    cut: TopCut | null = null,
+    retries: number[] | null = null,
+  ): Promise<SequenceStart> {
     return this.prefill.start(tokens, adapter, invTemperature, draws, cut, retries);
   }
 

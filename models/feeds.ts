@@ -166,7 +166,16 @@ export function sequenceFeeds(dims: ModelDims, chunk: ScoredSequence[], past?: P
     tokens: feed('int64', tokens, [B, T]),
     targets: feed('int64', targets, [B, S]),
     score_index: feed('int64', scoreIndex, [B, S, d]),
-    attn_bias: feed('float32', causalBias(B, T, P, chunk.map((s) => P + s.tokens.length)), [B, 1, T, P + T]),
+    attn_bias: feed(
+      'float32',
+      causalBias(
+        B,
+        T,
+        P,
+        chunk.map((s) => P + s.tokens.length),
+      ),
+      [B, 1, T, P + T],
+    ),
     ...ropeFeeds(d / dims.heads, B, T, P),
     ...pastFeeds(dims, B, past),
   };
@@ -201,7 +210,11 @@ export function ownCotangentFeeds(dims: ModelDims, B: number, T: number, owed?: 
 export function cotangentFeed(chunk: ScoredSequence[], cotangents: Float32Array[]): Feed {
   const S = Math.max(...chunk.map(scoredCount));
   const c = new Float32Array(chunk.length * S);
-  chunk.forEach((seq, b) => positionsOf(seq).forEach((t, k) => { c[b * S + k] = cotangents[b]![t]!; }));
+  chunk.forEach((seq, b) =>
+    positionsOf(seq).forEach((t, k) => {
+      c[b * S + k] = cotangents[b]![t]!;
+    }),
+  );
   return feed('float32', c, [chunk.length, S]);
 }
 
@@ -210,7 +223,9 @@ export function unpad(flat: Float32Array, chunk: ScoredSequence[]): Float32Array
   const S = Math.max(...chunk.map(scoredCount));
   return chunk.map((s, b) => {
     const out = new Float32Array(s.tokens.length);
-    positionsOf(s).forEach((t, k) => { out[t] = flat[b * S + k]!; });
+    positionsOf(s).forEach((t, k) => {
+      out[t] = flat[b * S + k]!;
+    });
     return out;
   });
 }
@@ -242,12 +257,29 @@ export function promptFeeds(dims: ModelDims, tokens: number[][], invTemperatures
   const { heads } = dims;
   const hd = dims.dModel / heads;
   const ids = new BigInt64Array(B * Tq);
-  tokens.forEach((row, b) => row.forEach((t, i) => { ids[b * Tq + i] = BigInt(t); }));
+  tokens.forEach((row, b) =>
+    row.forEach((t, i) => {
+      ids[b * Tq + i] = BigInt(t);
+    }),
+  );
   const feeds: Record<string, Feed> = {
     tokens: feed('int64', ids, [B, Tq]),
-    attn_bias: feed('float32', causalBias(B, Tq, P, tokens.map((t) => P + t.length)), [B, 1, Tq, P + Tq]),
+    attn_bias: feed(
+      'float32',
+      causalBias(
+        B,
+        Tq,
+        P,
+        tokens.map((t) => P + t.length),
+      ),
+      [B, 1, Tq, P + Tq],
+    ),
     inv_temperature: feed('float32', Float32Array.from(invTemperatures), [B, 1]),
-    last_index: feed('int64', BigInt64Array.from(tokens, (t) => BigInt(t.length - 1)), [B, 1]),
+    last_index: feed(
+      'int64',
+      BigInt64Array.from(tokens, (t) => BigInt(t.length - 1)),
+      [B, 1],
+    ),
     ...ropeFeeds(hd, B, Tq, P),
     ...pastFeeds(dims, B, state ? { length: P, kv: state.past } : undefined),
   };
@@ -273,7 +305,9 @@ export function stepFeeds(dims: ModelDims, rows: DecodeRow[], invTemperatures: n
   const hd = dims.dModel / heads;
   const P = Math.max(...rows.map((r) => r.cache.length));
   const bias = new Float32Array(B * (P + 1));
-  rows.forEach((r, b) => { for (let j = r.cache.length; j < P; j++) bias[b * (P + 1) + j] = NEG_INF; });
+  rows.forEach((r, b) => {
+    for (let j = r.cache.length; j < P; j++) bias[b * (P + 1) + j] = NEG_INF;
+  });
   const feeds: Record<string, Feed> = {
     tokens: feed('int64', BigInt64Array.from(rows.map((r) => BigInt(r.token))), [B, 1]),
     attn_bias: feed('float32', bias, [B, 1, 1, P + 1]),

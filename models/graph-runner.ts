@@ -96,7 +96,7 @@ export class GraphRunner {
     if (req.heavy) this.heavyRuns++;
     let result: ort.InferenceSession.OnnxValueMapType;
     try {
-      const session = packed ?? await this.session(req.kind, req.merged || merge, req.heavy ?? false, mixed);
+      const session = packed ?? (await this.session(req.kind, req.merged || merge, req.heavy ?? false, mixed));
       const feeds: Record<string, ort.Tensor> = { ...this.baseFeeds, ...adapter };
       if (merge && !packed) feeds.lm_head_merged = await this.mergedUnembedding(single, adapter);
       for (const [name, f] of Object.entries(req.feeds)) feeds[name] = new ort.Tensor(f.type, f.data, f.dims);
@@ -105,10 +105,12 @@ export class GraphRunner {
       if (req.heavy && --this.heavyRuns === 0) this.releaseHeavySoon();
     }
     if (req.heavy || feedBytes(req.feeds) > LONG_FEED_BYTES) this.collectSoon();
-    return Object.fromEntries(req.outputs.map((n) => {
-      const t = result[n]!;
-      return [n, { type: t.type as Feed['type'], data: t.data as Float32Array | BigInt64Array, dims: [...t.dims] }];
-    }));
+    return Object.fromEntries(
+      req.outputs.map((n) => {
+        const t = result[n]!;
+        return [n, { type: t.type as Feed['type'], data: t.data as Float32Array | BigInt64Array, dims: [...t.dims] }];
+      }),
+    );
   }
 
   /** Adapter lists laid side by side, by their keys in order. */
@@ -123,7 +125,8 @@ export class GraphRunner {
     this.releaseSideBySideSoon();
     const rows = req.rowAdapters!;
     if (tensors.length > MIXED_SLOTS) throw new Error(`a mixed-adapter run holds at most ${MIXED_SLOTS} adapters, not ${tensors.length}`);
-    if (rows.some((j, b) => j < 0 || j >= tensors.length || (b > 0 && j < rows[b - 1]!))) throw new Error('a mixed-adapter run needs each adapter\'s rows together, in the order of its adapters');
+    if (rows.some((j, b) => j < 0 || j >= tensors.length || (b > 0 && j < rows[b - 1]!)))
+      throw new Error("a mixed-adapter run needs each adapter's rows together, in the order of its adapters");
     const key = req.adapters.map(versionKey).join(',');
     let layout = this.layouts.get(key);
     if (!layout) {
@@ -139,7 +142,10 @@ export class GraphRunner {
 
   /** The layer sites side by side, and each adapter's unembedding LoRA and scale in its slot (unused slots empty). */
   private layoutOf(tensors: Record<string, ort.Tensor>[]): Layout {
-    const sides = new SideBySide(this.layerSites, tensors.map((t): Member => ({ scale: scaleOf(t), tensors: t as unknown as Record<string, Feed> })));
+    const sides = new SideBySide(
+      this.layerSites,
+      tensors.map((t): Member => ({ scale: scaleOf(t), tensors: t as unknown as Record<string, Feed> })),
+    );
     const feeds = Object.fromEntries(Object.entries(sides.tensors).map(([n, f]) => [n, new ort.Tensor('float32', f.data, f.dims)]));
     const scales = new Float32Array(MIXED_SLOTS);
     for (let j = 0; j < MIXED_SLOTS; j++) {
@@ -183,9 +189,17 @@ export class GraphRunner {
     const cached = this.merged.peek(a.id);
     if (cached && cached.version === a.version) return cached.tensor;
     this.mergeSession ??= ort.InferenceSession.create(buildMergeGraph(this.config.dims), this.sessionOptions(false));
-    const tensor = this.mergeSession.then(async (s) => (await s.run({
-      'base.embed_t': this.baseFeeds['base.embed_t']!, 'lora.lm_head.A': tensors['lora.lm_head.A']!, 'lora.lm_head.B': tensors['lora.lm_head.B']!, lora_scale: tensors.lora_scale!,
-    })).lm_head_merged!);
+    const tensor = this.mergeSession.then(
+      async (s) =>
+        (
+          await s.run({
+            'base.embed_t': this.baseFeeds['base.embed_t']!,
+            'lora.lm_head.A': tensors['lora.lm_head.A']!,
+            'lora.lm_head.B': tensors['lora.lm_head.B']!,
+            lora_scale: tensors.lora_scale!,
+          })
+        ).lm_head_merged!,
+    );
     this.merged.set(a.id, { version: a.version, tensor });
     return tensor;
   }
@@ -291,7 +305,10 @@ export class GraphRunner {
       for (const [key, session] of this.sessions) {
         if (!key.endsWith(':heavy')) continue;
         this.sessions.delete(key);
-        void session.then((s) => s.release(), () => undefined);
+        void session.then(
+          (s) => s.release(),
+          () => undefined,
+        );
       }
     }, HEAVY_IDLE_MS);
     // Never what keeps a process (or a worker) alive.

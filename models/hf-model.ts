@@ -69,7 +69,11 @@ export function hfConfig(info: HfModelInfo): Record<string, unknown> {
     eos_token_id: info.eosTokenIds,
     ...(info.padTokenId !== undefined ? { pad_token_id: info.padTokenId } : {}),
     torch_dtype: 'float32',
-    loops_mock: { base_model: info.modelName, version: info.version, note: "loops-mock's tiny stand-in for this model: real vocabulary, toy width, seeded weights" },
+    loops_mock: {
+      base_model: info.modelName,
+      version: info.version,
+      note: "loops-mock's tiny stand-in for this model: real vocabulary, toy width, seeded weights",
+    },
   };
 }
 

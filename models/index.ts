@@ -22,7 +22,10 @@ export class EnginePool {
   private readonly graphListeners: ((event: GraphBuildEvent) => void)[] = [];
   private readonly longListeners: (() => void)[] = [];
 
-  constructor(readonly tokenizers: Tokenizers = new Tokenizers(), private readonly options: EngineOptions = {}) {}
+  constructor(
+    readonly tokenizers: Tokenizers = new Tokenizers(),
+    private readonly options: EngineOptions = {},
+  ) {}
 
   /** The vocabulary size of a model: its tokenizer's. Built-in families need no file parsing. */
   vocabSize(model: string): number {
@@ -71,8 +74,12 @@ export class EnginePool {
     let engine = this.engines.get(model);
     if (!engine) {
       engine = new ModelEngine(model, this.vocabSize(model), this.options);
-      engine.onGraphBuild = (event) => { for (const l of this.graphListeners) l(event); };
-      engine.onLongSequence = () => { for (const l of this.longListeners) l(); };
+      engine.onGraphBuild = (event) => {
+        for (const l of this.graphListeners) l(event);
+      };
+      engine.onLongSequence = () => {
+        for (const l of this.longListeners) l();
+      };
       this.engines.set(model, engine);
     }
     return engine;

@@ -1,7 +1,19 @@
 /** Scoring a sequence too long for one graph run: forward, top-k and backward, block by block. */
 import { blockSequence, blocksOf, SequenceCache, type Block } from './blocks.js';
 import type { GraphTurns } from './engine-graphs.js';
-import { cotangentFeed, feed, gradNames, layerNames, ownCotangentFeeds, positionsOf, sequenceFeeds, topkRows, unpad, type ScoredSequence, type TopTokens } from './feeds.js';
+import {
+  cotangentFeed,
+  feed,
+  gradNames,
+  layerNames,
+  ownCotangentFeeds,
+  positionsOf,
+  sequenceFeeds,
+  topkRows,
+  unpad,
+  type ScoredSequence,
+  type TopTokens,
+} from './feeds.js';
 import type { LoraAdapter } from './lora.js';
 import type { LoraSite, ModelDims } from './transformer.js';
 
@@ -23,7 +35,12 @@ export class LongSequences {
   private readonly pastGrads: string[];
   private readonly gradNames: string[];
 
-  constructor(private readonly graphs: GraphTurns, private readonly dims: ModelDims, sites: LoraSite[], private readonly limits: BlockLimits) {
+  constructor(
+    private readonly graphs: GraphTurns,
+    private readonly dims: ModelDims,
+    sites: LoraSite[],
+    private readonly limits: BlockLimits,
+  ) {
     this.blockKv = layerNames(dims, 'block_k', 'block_v');
     this.pastGrads = layerNames(dims, 'grad.past_k', 'grad.past_v');
     this.gradNames = gradNames(sites);
@@ -33,7 +50,13 @@ export class LongSequences {
    * Scores one long sequence block by block. Blocks after the last scored position are not run (forward);
    * topk scores every position.
    */
-  async score(seq: ScoredSequence, adapter: LoraAdapter, kind: 'forward' | 'topk', k = 0, keysForBackward = false): Promise<{ logprobs: Float32Array; top: TopTokens[]; cache: SequenceCache; blocks: Block[] }> {
+  async score(
+    seq: ScoredSequence,
+    adapter: LoraAdapter,
+    kind: 'forward' | 'topk',
+    k = 0,
+    keysForBackward = false,
+  ): Promise<{ logprobs: Float32Array; top: TopTokens[]; cache: SequenceCache; blocks: Block[] }> {
     const lastScored = Math.max(-1, ...positionsOf(seq));
     const blocks = blocksOf(seq.tokens.length, this.dims.heads, this.limits).filter(([start]) => start <= lastScored);
     const cache = new SequenceCache(this.dims, seq.tokens.length);
@@ -45,9 +68,17 @@ export class LongSequences {
       const feeds = sequenceFeeds(this.dims, [part], cache.past(block[0]));
       if (kind === 'topk') feeds.k = feed('int64', BigInt64Array.from([BigInt(k)]), [1]);
       // A backward pass takes every block's logprobs from its own backward run: here only the keys and values.
-      const result = await this.graphs.run(kind, feeds, [...(keysForBackward ? [] : ['logprobs']), ...this.blockKv, ...(kind === 'topk' ? ['topk_values', 'topk_indices'] : [])], adapter);
+      const result = await this.graphs.run(
+        kind,
+        feeds,
+        [...(keysForBackward ? [] : ['logprobs']), ...this.blockKv, ...(kind === 'topk' ? ['topk_values', 'topk_indices'] : [])],
+        adapter,
+      );
       if (!keysForBackward) logprobs.set(unpad(result.logprobs!, [part])[0]!, block[0]);
-      if (kind === 'topk') topkRows(result.topk_values!, result.topk_indices! as unknown as BigInt64Array, [part], k)[0]!.forEach((row, i) => { if (row.ids.length) top[block[0] + i] = row; });
+      if (kind === 'topk')
+        topkRows(result.topk_values!, result.topk_indices! as unknown as BigInt64Array, [part], k)[0]!.forEach((row, i) => {
+          if (row.ids.length) top[block[0] + i] = row;
+        });
       this.blockKv.forEach((name, i) => cache.write(i, block[0], result[name]!));
     }
     return { logprobs, top, cache, blocks };
@@ -59,7 +90,12 @@ export class LongSequences {
    * handing on what its own losses owe to earlier ones. Returns the logprobs; hands each block's run (its
    * LoRA gradients, `grad.<site>.A` / `.B`) to `addGrads`, last block first.
    */
-  async backward(seq: ScoredSequence, adapter: LoraAdapter, cotangent: Float32Array, addGrads: (result: Record<string, Float32Array>) => void): Promise<Float32Array> {
+  async backward(
+    seq: ScoredSequence,
+    adapter: LoraAdapter,
+    cotangent: Float32Array,
+    addGrads: (result: Record<string, Float32Array>) => void,
+  ): Promise<Float32Array> {
     const { logprobs, cache, blocks } = await this.score(seq, adapter, 'forward', 0, true);
     const owed = new SequenceCache(this.dims, seq.tokens.length);
     for (const block of [...blocks].reverse()) {
@@ -68,7 +104,12 @@ export class LongSequences {
       const feeds = {
         ...sequenceFeeds(this.dims, [part], cache.past(start)),
         cotangent: cotangentFeed([part], [cotangent.subarray(start, end)]),
-        ...ownCotangentFeeds(this.dims, 1, end - start, owed.tensors.map((_, i) => owed.read(i, start, end))),
+        ...ownCotangentFeeds(
+          this.dims,
+          1,
+          end - start,
+          owed.tensors.map((_, i) => owed.read(i, start, end)),
+        ),
       };
       const result = await this.graphs.run('backward', feeds, ['logprobs', ...this.gradNames, ...this.pastGrads], adapter);
       // The logprobs of every block from its backward run (the last block had no forward run).

@@ -22,7 +22,10 @@ export const LOSS_CONFIG_DEFAULTS: Record<LossName, Record<string, number>> = {
 
 /** A bad loss request, naming the field at fault. */
 export class LossInputError extends Error {
-  constructor(readonly field: string, message: string) {
+  constructor(
+    readonly field: string,
+    message: string,
+  ) {
     super(message);
   }
 }
@@ -58,7 +61,8 @@ export function resolveLossConfig(name: LossName, config: Record<string, unknown
   }
   const out = { ...defaults };
   for (const [k, v] of Object.entries(given)) {
-    if (!keys.includes(k)) throw new LossInputError(`loss_fn_config.${k}`, `loss_fn_config.${k} is not a setting of '${name}'; its settings are ${keys.join(', ')}.`);
+    if (!keys.includes(k))
+      throw new LossInputError(`loss_fn_config.${k}`, `loss_fn_config.${k} is not a setting of '${name}'; its settings are ${keys.join(', ')}.`);
     if (typeof v !== 'number' || !Number.isFinite(v)) throw new LossInputError(`loss_fn_config.${k}`, `loss_fn_config.${k} must be a finite number.`);
     out[k] = v;
   }
@@ -67,7 +71,8 @@ export function resolveLossConfig(name: LossName, config: Record<string, unknown
   if (name === 'ppo' || name === 'cispo') {
     if (lo! < 0 || hi! <= lo!) throw new LossInputError('loss_fn_config', `'${name}' needs 0 <= clip_low_threshold < clip_high_threshold (got ${lo}, ${hi}).`);
   }
-  if (name === 'dppo' && (lo! < 0 || hi! < 0)) throw new LossInputError('loss_fn_config', `'dppo' needs delta_low >= 0 and delta_high >= 0 (got ${lo}, ${hi}).`);
+  if (name === 'dppo' && (lo! < 0 || hi! < 0))
+    throw new LossInputError('loss_fn_config', `'dppo' needs delta_low >= 0 and delta_high >= 0 (got ${lo}, ${hi}).`);
   if (name === 'dro' && out.beta! < 0) throw new LossInputError('loss_fn_config.beta', `'dro' needs beta >= 0 (got ${out.beta}).`);
   return out;
 }
@@ -135,7 +140,13 @@ export function isActive(name: LossName, d: LossDatum, t: number): boolean {
  * positions, gradients of that mean; `sum` (Tinker): the weighted sum.
  * For ratio losses a position counts where its advantage is non-zero.
  */
-export function computeLoss(name: LossName, config: Record<string, number>, data: LossDatum[], logprobs: Float32Array[], reduction: Reduction = 'mean'): LossResult {
+export function computeLoss(
+  name: LossName,
+  config: Record<string, number>,
+  data: LossDatum[],
+  logprobs: Float32Array[],
+  reduction: Reduction = 'mean',
+): LossResult {
   const term = TERMS[name];
   const ratio = isRatioLoss(name);
   let total = 0;

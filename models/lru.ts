@@ -6,7 +6,10 @@
 export class LruMap<K, V> {
   private readonly entries = new Map<K, V>();
 
-  constructor(readonly capacity: number, private readonly onEvict?: (key: K, value: V) => void) {}
+  constructor(
+    readonly capacity: number,
+    private readonly onEvict?: (key: K, value: V) => void,
+  ) {}
 
   get size(): number {
     return this.entries.size;

@@ -51,7 +51,7 @@ export function adamwStep(params: Map<string, Float32Array>, grads: Map<string, 
       // Rounded to float32 as stored, so the next line reads what the arrays hold.
       const mi = (m[i] = Math.fround(b1 * m[i]! + rest1 * gi));
       const vi = (v[i] = Math.fround(b2 * v[i]! + rest2 * gi * gi));
-      const update = lr * ((mi / c1) / (Math.sqrt(vi / c2) + eps) + wd * p[i]!);
+      const update = lr * (mi / c1 / (Math.sqrt(vi / c2) + eps) + wd * p[i]!);
       const pi = (p[i] = Math.fround(p[i]! - update));
       updateSq += update * update;
       paramSq += pi * pi;

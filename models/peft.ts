@@ -86,7 +86,11 @@ export function readAdapter(files: Map<string, Uint8Array>, sites: LoraSite[], b
   const modelBytes = files.get('adapter_model.safetensors');
   if (!configBytes || !modelBytes) throw new CheckpointLoadError('the checkpoint has no adapter_config.json and adapter_model.safetensors');
   const config = JSON.parse(Buffer.from(configBytes).toString('utf8')) as {
-    r: number; lora_alpha: number; base_model_name_or_path?: string; rank_pattern?: Record<string, number>; alpha_pattern?: Record<string, number>;
+    r: number;
+    lora_alpha: number;
+    base_model_name_or_path?: string;
+    rank_pattern?: Record<string, number>;
+    alpha_pattern?: Record<string, number>;
   };
   if (config.base_model_name_or_path && config.base_model_name_or_path !== baseModel) {
     throw new CheckpointLoadError(`the checkpoint is an adapter of ${config.base_model_name_or_path}, not ${baseModel}`);
@@ -104,7 +108,9 @@ export function readAdapter(files: Map<string, Uint8Array>, sites: LoraSite[], b
     const r = config.rank_pattern?.[site.module] ?? rank;
     const alpha = config.alpha_pattern?.[site.module] ?? config.lora_alpha;
     if (Math.abs(alpha / r - config.lora_alpha / rank) > 1e-6 * (config.lora_alpha / rank)) {
-      throw new CheckpointLoadError(`${name}: its scale alpha/r = ${alpha}/${r} differs from the adapter's ${config.lora_alpha}/${rank}; this server scales every module alike`);
+      throw new CheckpointLoadError(
+        `${name}: its scale alpha/r = ${alpha}/${r} differs from the adapter's ${config.lora_alpha}/${rank}; this server scales every module alike`,
+      );
     }
     if (A.shape.join() !== [r, site.inDim].join() || B.shape.join() !== [site.outDim, r].join()) {
       throw new CheckpointLoadError(`${name}: shapes [${A.shape}] and [${B.shape}] do not fit rank ${r} on this model`);

@@ -57,10 +57,22 @@ const DS = 'deepseek_v3' as const;
 
 // Lengths from Loops' supported-models page (8,192 and 40,960 for the two
 // small Qwen3 models, 131,072 for the rest); vision flags from the model cards.
-const text = (name: string, maxContextLength: number, tokenizer: TokenizerFamily): BaseModelInfo =>
-  ({ name, maxContextLength, supportsVisionLanguage: false, imagePlaceholder: null, serverless: false, tokenizer });
-const vision = (name: string, imagePlaceholder: string, tokenizer: TokenizerFamily): BaseModelInfo =>
-  ({ name, maxContextLength: 131072, supportsVisionLanguage: true, imagePlaceholder, serverless: false, tokenizer });
+const text = (name: string, maxContextLength: number, tokenizer: TokenizerFamily): BaseModelInfo => ({
+  name,
+  maxContextLength,
+  supportsVisionLanguage: false,
+  imagePlaceholder: null,
+  serverless: false,
+  tokenizer,
+});
+const vision = (name: string, imagePlaceholder: string, tokenizer: TokenizerFamily): BaseModelInfo => ({
+  name,
+  maxContextLength: 131072,
+  supportsVisionLanguage: true,
+  imagePlaceholder,
+  serverless: false,
+  tokenizer,
+});
 
 export const BASE_MODELS: readonly BaseModelInfo[] = [
   text('Qwen/Qwen3-0.6B', 8192, Q),

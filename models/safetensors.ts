@@ -31,12 +31,18 @@ export function decodeSafetensors(bytes: Uint8Array): { tensors: Map<string, Nam
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const headerLength = Number(view.getBigUint64(0, true));
   if (8 + headerLength > bytes.length) throw new Error('not a safetensors file: header runs past the end');
-  const header = JSON.parse(Buffer.from(bytes.subarray(8, 8 + headerLength)).toString('utf8')) as Record<string, { dtype: string; shape: number[]; data_offsets: [number, number] }>;
+  const header = JSON.parse(Buffer.from(bytes.subarray(8, 8 + headerLength)).toString('utf8')) as Record<
+    string,
+    { dtype: string; shape: number[]; data_offsets: [number, number] }
+  >;
   const base = 8 + headerLength;
   const tensors = new Map<string, NamedTensor>();
   let metadata: Record<string, string> = {};
   for (const [name, entry] of Object.entries(header)) {
-    if (name === '__metadata__') { metadata = entry as unknown as Record<string, string>; continue; }
+    if (name === '__metadata__') {
+      metadata = entry as unknown as Record<string, string>;
+      continue;
+    }
     if (entry.dtype !== 'F32') throw new Error(`tensor ${name} is ${entry.dtype}; loops-mock reads F32 tensors`);
     const [start, end] = entry.data_offsets;
     const count = entry.shape.reduce((p, n) => p * n, 1);

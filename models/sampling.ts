@@ -56,7 +56,15 @@ export interface SamplingHooks {
  * prefilled once, its KV cache repeated n times, then all n decode together.
  * With `hooks`, each token is told as soon as it is drawn (streaming), and an abort stops the work.
  */
-export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter, prompt: number[], n: number, params: SamplingParams, codec: TextCodec, hooks: SamplingHooks = {}): Promise<SampledSequence[]> {
+export async function sampleSequences(
+  engine: ModelEngine,
+  adapter: LoraAdapter,
+  prompt: number[],
+  n: number,
+  params: SamplingParams,
+  codec: TextCodec,
+  hooks: SamplingHooks = {},
+): Promise<SampledSequence[]> {
   const rng = new Prng(params.seed ?? `${Date.now()}-${Math.random()}`);
   const seqs: SampledSequence[] = Array.from({ length: n }, () => ({ tokens: [], logprobs: [], stop_reason: 'length' }));
   if (params.max_tokens <= 0 || n <= 0) return seqs;
@@ -91,37 +99,49 @@ export async function sampleSequences(engine: ModelEngine, adapter: LoraAdapter,
   };
   const draws = seqs.map(nextUniforms);
   hooks.signal?.throwIfAborted();
-  const first = await engine.startSequence(prompt, adapter, invT, draws.map((d) => d.u), cut, nucleus ? draws.map((d) => d.retry!) : null);
+  const first = await engine.startSequence(
+    prompt,
+    adapter,
+    invT,
+    draws.map((d) => d.u),
+    cut,
+    nucleus ? draws.map((d) => d.retry!) : null,
+  );
   // Every sample starts from the prompt's cache; unfinished rows then step together, batched with other requests'.
   const close = engine.openStream();
   try {
-  let rows: { i: number; step: RowStep }[] = seqs.map((_, i) => ({ i, step: { drawn: first.drawn![i], cache: first.cache } }));
-  for (let step = 0; step < params.max_tokens && rows.length; step++) {
-    const next: { i: number; token: number; cache: RowCache }[] = [];
-    for (const { i, step: out } of rows) {
-      const { token, logprob } = out.drawn!;
-      const seq = seqs[i]!;
-      seq.tokens.push(token);
-      seq.logprobs.push(logprob);
-      const stopped = stopIds.has(token) || (stopStrings.length > 0 && stopMatched(seq.tokens, i));
-      if (stopped) {
-        seq.stop_reason = 'stop';
-      } else {
-        next.push({ i, token, cache: out.cache });
+    let rows: { i: number; step: RowStep }[] = seqs.map((_, i) => ({ i, step: { drawn: first.drawn![i], cache: first.cache } }));
+    for (let step = 0; step < params.max_tokens && rows.length; step++) {
+      const next: { i: number; token: number; cache: RowCache }[] = [];
+      for (const { i, step: out } of rows) {
+        const { token, logprob } = out.drawn!;
+        const seq = seqs[i]!;
+        seq.tokens.push(token);
+        seq.logprobs.push(logprob);
+        const stopped = stopIds.has(token) || (stopStrings.length > 0 && stopMatched(seq.tokens, i));
+        if (stopped) {
+          seq.stop_reason = 'stop';
+        } else {
+          next.push({ i, token, cache: out.cache });
+        }
+        if (hooks.onToken) {
+          const told = hooks.onToken({ index: i, token, logprob, finish_reason: stopped ? 'stop' : step === params.max_tokens - 1 ? 'length' : null });
+          if (told) await told;
+        }
       }
-      if (hooks.onToken) {
-        const told = hooks.onToken({ index: i, token, logprob, finish_reason: stopped ? 'stop' : step === params.max_tokens - 1 ? 'length' : null });
-        if (told) await told;
-      }
+      if (step === params.max_tokens - 1 || !next.length) break;
+      hooks.signal?.throwIfAborted();
+      const stepped = await engine.decodeRows(
+        next.map((r) => {
+          const { u, retry } = nextUniforms();
+          return { token: r.token, cache: r.cache, draw: u, retry };
+        }),
+        adapter,
+        invT,
+        cut,
+      );
+      rows = next.map((r, k) => ({ i: r.i, step: stepped[k]! }));
     }
-    if (step === params.max_tokens - 1 || !next.length) break;
-    hooks.signal?.throwIfAborted();
-    const stepped = await engine.decodeRows(next.map((r) => {
-      const { u, retry } = nextUniforms();
-      return { token: r.token, cache: r.cache, draw: u, retry };
-    }), adapter, invT, cut);
-    rows = next.map((r, k) => ({ i: r.i, step: stepped[k]! }));
-  }
   } finally {
     close();
   }
@@ -140,7 +160,11 @@ export class StreamedText {
   private sent = '';
   private stopped = false;
 
-  constructor(private readonly decode: (ids: number[]) => string, private readonly stopStrings: string[], private readonly eos: ReadonlySet<number>) {}
+  constructor(
+    private readonly decode: (ids: number[]) => string,
+    private readonly stopStrings: string[],
+    private readonly eos: ReadonlySet<number>,
+  ) {}
 
   /** Adds a drawn token; returns the text it releases (often '', while held back). `last`: the sequence ends here, release the rest. */
   push(token: number, last: boolean): string {
@@ -362,7 +386,7 @@ function topKIndices(logp: Float32Array, k: number): number[] {
   for (let v = 0; v < logp.length; v++) {
     if (heap.length < k) {
       heap.push(v);
-      for (let i = heap.length - 1; i > 0;) {
+      for (let i = heap.length - 1; i > 0; ) {
         const p = (i - 1) >> 1;
         if (!less(heap[i]!, heap[p]!)) break;
         [heap[i], heap[p]] = [heap[p]!, heap[i]!];

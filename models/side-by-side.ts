@@ -73,7 +73,12 @@ export class SideBySide {
  * members side by side in order in `columns`, the same at every layer site): its own columns of A and rows
  * of B, copied out under the same names.
  */
-export function memberGrads(sites: LoraSite[], { starts, ranks, total }: Columns, member: number, result: Record<string, Float32Array>): Record<string, Float32Array> {
+export function memberGrads(
+  sites: LoraSite[],
+  { starts, ranks, total }: Columns,
+  member: number,
+  result: Record<string, Float32Array>,
+): Record<string, Float32Array> {
   const start = starts[member]!;
   const r = ranks[member]!;
   const out: Record<string, Float32Array> = {};

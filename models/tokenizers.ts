@@ -46,7 +46,10 @@ export class Tokenizers {
    * @param overrides model name → path of a tokenizer.json (or its folder)
    * @param hfCache the Hugging Face hub cache to look in (default ~/.cache/huggingface/hub, or $HF_HOME/hub); null to skip
    */
-  constructor(private readonly overrides: Map<string, string> = new Map(), private readonly hfCache: string | null = defaultHfCache()) {
+  constructor(
+    private readonly overrides: Map<string, string> = new Map(),
+    private readonly hfCache: string | null = defaultHfCache(),
+  ) {
     for (const [model, path] of overrides) {
       const file = existsSync(join(path, 'tokenizer.json')) ? join(path, 'tokenizer.json') : path;
       if (!existsSync(file)) throw new Error(`--tokenizer ${model}=${path}: no such file (give a tokenizer.json or the folder holding one)`);
@@ -102,7 +105,8 @@ function load(tokenizerPath: string, configPath: string | null, source: string):
   } catch (err) {
     throw new Error(`${tokenizerPath} is not a readable tokenizer.json: ${(err as Error).message}`);
   }
-  if (!(parsed as { model?: { vocab?: unknown } })?.model?.vocab) throw new Error(`${tokenizerPath} is not a Hugging Face tokenizer.json: it has no model.vocab`);
+  if (!(parsed as { model?: { vocab?: unknown } })?.model?.vocab)
+    throw new Error(`${tokenizerPath} is not a Hugging Face tokenizer.json: it has no model.vocab`);
   const json = parsed as { model: { vocab: Record<string, number> | [string, number][] }; added_tokens?: { id: number; content: string }[] };
   const config = configPath ? (JSON.parse(readFileSync(configPath, 'utf8')) as Record<string, unknown>) : {};
   const tokenizer = new Tokenizer(json as never, config as never);

@@ -45,7 +45,12 @@ export class LoraTrainer {
   optimizer: OptimizerState = freshOptimizerState();
   private grads: Map<string, Float32Array> | null = null;
 
-  constructor(readonly engine: ModelEngine, rank: number, alpha = DEFAULT_LORA_ALPHA, readonly seed: number | string = 0) {
+  constructor(
+    readonly engine: ModelEngine,
+    rank: number,
+    alpha = DEFAULT_LORA_ALPHA,
+    readonly seed: number | string = 0,
+  ) {
     this.adapter = freshAdapter(engine.sites, rank, alpha, seed);
   }
 
@@ -78,7 +83,13 @@ export class LoraTrainer {
       result = computeLoss(loss, config, lossData, this.align(scored.logprobs, lossData), reduction);
     } else {
       // Cross-entropy's cotangents are fixed by the weights: one backward pass gives logprobs and gradients.
-      result = computeLoss(loss, config, lossData, lossData.map((d) => new Float32Array(d.counted.length)), reduction);
+      result = computeLoss(
+        loss,
+        config,
+        lossData,
+        lossData.map((d) => new Float32Array(d.counted.length)),
+        reduction,
+      );
       // Its top-k takes a forward pass of its own, over the active positions only.
       if (topK > 0) top = (await this.engine.topk(this.activeSeqs(seqs, lossData, loss), this.adapter, topK)).top;
     }
@@ -232,7 +243,13 @@ function toEnginePositions(cotangents: Float32Array, shift: 0 | 1): Float32Array
 export async function warmTrainingLoop(engine: ModelEngine): Promise<void> {
   const trainer = new LoraTrainer(engine, 16, DEFAULT_LORA_ALPHA, 'warm-up');
   const tokens = [1, 2, 3, 4, 5, 6, 7, 8];
-  const datum: TrainingDatum = { tokens, targetTokens: tokens.map((_, i) => (i >= 5 && i < 7 ? tokens[i + 1]! : IGNORE_TARGET)), weights: null, logprobs: null, advantages: null };
+  const datum: TrainingDatum = {
+    tokens,
+    targetTokens: tokens.map((_, i) => (i >= 5 && i < 7 ? tokens[i + 1]! : IGNORE_TARGET)),
+    weights: null,
+    logprobs: null,
+    advantages: null,
+  };
   await trainer.forward([datum], 'cross_entropy', {});
   await trainer.forwardBackward([datum], 'cross_entropy', {});
   trainer.optimStep(ADAM_DEFAULTS);

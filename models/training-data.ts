@@ -42,27 +42,47 @@ export function checkTrainingData(data: TrainingDatum[], vocab: number, loss: Lo
     const T = d.tokens.length;
     if (T === 0) throw new LossInputError(`${at}.model_input`, `${at}.model_input has no tokens.`);
     const badToken = d.tokens.findIndex((t) => !Number.isInteger(t) || t < 0 || t >= vocab);
-    if (badToken >= 0) throw new LossInputError(`${at}.model_input`, `${at}.model_input token ${d.tokens[badToken]} at position ${badToken} is outside the vocabulary (0..${vocab - 1}).`);
-    const perPosition: [string, ArrayLike<number> | null][] = [['target_tokens', d.targetTokens], ['weights', d.weights], ['logprobs', d.logprobs], ['advantages', d.advantages]];
+    if (badToken >= 0)
+      throw new LossInputError(
+        `${at}.model_input`,
+        `${at}.model_input token ${d.tokens[badToken]} at position ${badToken} is outside the vocabulary (0..${vocab - 1}).`,
+      );
+    const perPosition: [string, ArrayLike<number> | null][] = [
+      ['target_tokens', d.targetTokens],
+      ['weights', d.weights],
+      ['logprobs', d.logprobs],
+      ['advantages', d.advantages],
+    ];
     for (const [name, values] of perPosition) {
       if (!values) continue;
       const field = `${at}.loss_fn_inputs.${name}`;
       if (values.length !== T) throw new LossInputError(field, `${field} has ${values.length} values; ${at} has ${T} tokens and needs one per position.`);
       for (let t = 0; t < T; t++) {
-        if (!Number.isFinite(values[t]!)) throw new LossInputError(field, `${field} must hold finite float32 numbers: position ${t} is ${values[t]} (float32 ends at ±3.4e38).`);
+        if (!Number.isFinite(values[t]!))
+          throw new LossInputError(field, `${field} must hold finite float32 numbers: position ${t} is ${values[t]} (float32 ends at ±3.4e38).`);
       }
     }
     if (d.targetTokens) {
       const off = d.targetTokens.findIndex((t) => t !== IGNORE_TARGET && (!Number.isInteger(t) || t < 0 || t >= vocab));
       const field = `${at}.loss_fn_inputs.target_tokens`;
-      if (off >= 0) throw new LossInputError(field, `${field} ${d.targetTokens[off]} at position ${off} is outside the vocabulary (0..${vocab - 1}); use -100 for positions that do not count.`);
+      if (off >= 0)
+        throw new LossInputError(
+          field,
+          `${field} ${d.targetTokens[off]} at position ${off} is outside the vocabulary (0..${vocab - 1}); use -100 for positions that do not count.`,
+        );
     }
     if (isRatioLoss(loss) && (!d.logprobs || !d.advantages)) {
-      throw new LossInputError(`${at}.loss_fn_inputs`, `${at}: loss_fn '${loss}' needs loss_fn_inputs.logprobs (the sampler's logprobs of the tokens) and loss_fn_inputs.advantages.`);
+      throw new LossInputError(
+        `${at}.loss_fn_inputs`,
+        `${at}: loss_fn '${loss}' needs loss_fn_inputs.logprobs (the sampler's logprobs of the tokens) and loss_fn_inputs.advantages.`,
+      );
     }
     if (alignmentOf(d, loss) === 'token' && d.advantages![0] !== 0) {
       const field = `${at}.loss_fn_inputs.advantages`;
-      throw new LossInputError(field, `${field}[0] is ${d.advantages![0]}, but position 0 scores nothing: without target_tokens, '${loss}' scores token k at position k given the tokens before it, and the first token has none. Set advantages[0] (and logprobs[0]) to 0, as prompt positions are, or send target_tokens to score each position's next token.`);
+      throw new LossInputError(
+        field,
+        `${field}[0] is ${d.advantages![0]}, but position 0 scores nothing: without target_tokens, '${loss}' scores token k at position k given the tokens before it, and the first token has none. Set advantages[0] (and logprobs[0]) to 0, as prompt positions are, or send target_tokens to score each position's next token.`,
+      );
     }
   });
 }

@@ -50,7 +50,14 @@ export const DEFAULT_UNEMBEDDING_RANK = 4;
 export function loraSites(dims: ModelDims, unembeddingRank = DEFAULT_UNEMBEDDING_RANK): LoraSite[] {
   const { dModel: d, ffn } = dims;
   const io: Record<LoraModule, [number, number]> = {
-    q_proj: [d, d], k_proj: [d, d], v_proj: [d, d], o_proj: [d, d], gate_proj: [d, ffn], up_proj: [d, ffn], down_proj: [ffn, d], lm_head: [d, dims.vocab],
+    q_proj: [d, d],
+    k_proj: [d, d],
+    v_proj: [d, d],
+    o_proj: [d, d],
+    gate_proj: [d, ffn],
+    up_proj: [d, ffn],
+    down_proj: [ffn, d],
+    lm_head: [d, dims.vocab],
   };
   const sites: LoraSite[] = [];
   for (let l = 0; l < dims.layers; l++) {
@@ -168,10 +175,12 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
     });
   }
   // A mixed run's unembedding LoRA: each slot's adapter on its own rows.
-  const slots = mixed ? Array.from({ length: MIXED_SLOTS }, (_, j) => ({
-    A: g.input(`lora.lm_head.A.${j}`, 'float32', [d, `r_lm_head_${j}`]),
-    B: g.input(`lora.lm_head.B.${j}`, 'float32', [`r_lm_head_${j}`, dims.vocab]),
-  })) : [];
+  const slots = mixed
+    ? Array.from({ length: MIXED_SLOTS }, (_, j) => ({
+        A: g.input(`lora.lm_head.A.${j}`, 'float32', [d, `r_lm_head_${j}`]),
+        B: g.input(`lora.lm_head.B.${j}`, 'float32', [`r_lm_head_${j}`, dims.vocab]),
+      }))
+    : [];
   const slotRows = mixed ? g.input('slot_rows', 'int64', [MIXED_SLOTS + 1]) : null;
   const slotScale = mixed ? g.input('slot_scale', 'float32', [MIXED_SLOTS]) : null;
 
@@ -244,15 +253,29 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
     // Each row's last real position (prompts of different lengths share a run, right-padded).
     const last = g.mul(g.gatherRows(final, g.input('last_index', 'int64', ['B', 1])), g.input('inv_temperature', 'float32', ['B', 1]));
     // With a merged unembedding the caller feeds W + scale·A·B, built once per adapter version (mergeGraph).
-    const logits = options.packedUnembedding ? g.matmul(last, g.constF(options.packedUnembedding, [d, dims.vocab]))
-      : options.mergedUnembedding ? g.matmul(last, g.input('lm_head_merged', 'float32', [d, dims.vocab])) : unembed(last);
+    const logits = options.packedUnembedding
+      ? g.matmul(last, g.constF(options.packedUnembedding, [d, dims.vocab]))
+      : options.mergedUnembedding
+        ? g.matmul(last, g.input('lm_head_merged', 'float32', [d, dims.vocab]))
+        : unembed(last);
     if (kind === 'draw' || kind === 'draw_top' || kind === 'draw_nucleus' || kind === 'draw_nucleus_wide' || kind === 'greedy') {
       const u = () => g.input('u', 'float32', ['B', 'N']);
-      const { token, logprob } = kind === 'draw' ? drawTokens(g, logits, u(), dims.vocab)
-        : kind === 'draw_top' ? drawTopTokens(g, logits, u(), g.input('k', 'int64', [1]), g.input('top_p', 'float32', ['B', 1]))
-          : kind === 'draw_nucleus' || kind === 'draw_nucleus_wide'
-            ? drawNucleusTokens(g, logits, u(), g.input('u_retry', 'float32', ['B', 'N']), g.input('top_p', 'float32', ['B', 1]), dims.vocab, kind === 'draw_nucleus_wide')
-          : mostLikely(g, logits);
+      const { token, logprob } =
+        kind === 'draw'
+          ? drawTokens(g, logits, u(), dims.vocab)
+          : kind === 'draw_top'
+            ? drawTopTokens(g, logits, u(), g.input('k', 'int64', [1]), g.input('top_p', 'float32', ['B', 1]))
+            : kind === 'draw_nucleus' || kind === 'draw_nucleus_wide'
+              ? drawNucleusTokens(
+                  g,
+                  logits,
+                  u(),
+                  g.input('u_retry', 'float32', ['B', 'N']),
+                  g.input('top_p', 'float32', ['B', 1]),
+                  dims.vocab,
+                  kind === 'draw_nucleus_wide',
+                )
+              : mostLikely(g, logits);
       g.output(token, 'token');
       g.output(logprob, 'token_logprob');
     } else {
@@ -271,7 +294,11 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
     const logprobs = g.reshape(g.gatherElements(all, g.unsqueeze(targets, [2]), 2), [0, 0], ['B', 'S']);
     g.output(logprobs, 'logprobs');
     // A block of a long sequence hands its keys and values on to the next block (forward and topk).
-    if (kind !== 'backward') own.forEach(({ k, v }, l) => { g.output(k, `block_k.${l}`); g.output(v, `block_v.${l}`); });
+    if (kind !== 'backward')
+      own.forEach(({ k, v }, l) => {
+        g.output(k, `block_k.${l}`);
+        g.output(v, `block_v.${l}`);
+      });
     if (kind === 'topk') {
       const [values, indices] = g.topk(all, g.input('k', 'int64', [1]));
       g.output(values, 'topk_values');
@@ -283,7 +310,9 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
       // this block's losses owe to the cached keys and values of earlier blocks.
       const cotangent = g.input('cotangent', 'float32', ['B', 'S']);
       const seeds: [Sym, Sym][] = [[logprobs, cotangent]];
-      own.forEach(({ k, v }, l) => seeds.push([k, g.input(`cot_k.${l}`, 'float32', ['B', heads, 'T', hd])], [v, g.input(`cot_v.${l}`, 'float32', ['B', heads, 'T', hd])]));
+      own.forEach(({ k, v }, l) =>
+        seeds.push([k, g.input(`cot_k.${l}`, 'float32', ['B', heads, 'T', hd])], [v, g.input(`cot_v.${l}`, 'float32', ['B', heads, 'T', hd])]),
+      );
       const past = own.flatMap(({ pastK, pastV }) => [pastK, pastV]);
       const wrt = [...[...lora.values(), ...slots].flatMap(({ A, B }) => [A, B]), ...past];
       const grads = backprop(g, seeds, wrt);
@@ -295,7 +324,10 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
         g.output(grads.get(A)!, `grad.lm_head.A.${j}`);
         g.output(grads.get(B)!, `grad.lm_head.B.${j}`);
       });
-      own.forEach(({ pastK, pastV }, l) => { g.output(grads.get(pastK)!, `grad.past_k.${l}`); g.output(grads.get(pastV)!, `grad.past_v.${l}`); });
+      own.forEach(({ pastK, pastV }, l) => {
+        g.output(grads.get(pastK)!, `grad.past_k.${l}`);
+        g.output(grads.get(pastV)!, `grad.past_v.${l}`);
+      });
     }
   }
   return { onnx: g.toOnnx(), loraInputs: [...lora.keys()].flatMap((k) => [`lora.${k}.A`, `lora.${k}.B`]) };
@@ -320,7 +352,11 @@ export function baseWeightShapes(dims: ModelDims): { name: string; shape: number
     out.push({ name: `layers.${l}.attn_norm`, shape: [d] });
     for (const m of ['q_proj', 'k_proj', 'v_proj', 'o_proj']) out.push({ name: `layers.${l}.${m}`, shape: [d, d] });
     out.push({ name: `layers.${l}.mlp_norm`, shape: [d] });
-    out.push({ name: `layers.${l}.gate_proj`, shape: [d, ffn] }, { name: `layers.${l}.up_proj`, shape: [d, ffn] }, { name: `layers.${l}.down_proj`, shape: [ffn, d] });
+    out.push(
+      { name: `layers.${l}.gate_proj`, shape: [d, ffn] },
+      { name: `layers.${l}.up_proj`, shape: [d, ffn] },
+      { name: `layers.${l}.down_proj`, shape: [ffn, d] },
+    );
   }
   out.push({ name: 'final_norm', shape: [d] });
   return out;

@@ -31,11 +31,15 @@ async function poll(call: Call, trainer: string, id: string) {
   }
 }
 
-const datum = { model_input: { chunks: [{ type: 'encoded_text', tokens: [1, 2, 3, 4] }] }, loss_fn_inputs: { target_tokens: { data: [2, 3, 4, 5], dtype: 'int64', shape: [4] } } };
+const datum = {
+  model_input: { chunks: [{ type: 'encoded_text', tokens: [1, 2, 3, 4] }] },
+  loss_fn_inputs: { target_tokens: { data: [2, 3, 4, 5], dtype: 'int64', shape: [4] } },
+};
 
 export const ERROR_FLOWS: Record<string, { description: string; run: (call: Call) => Promise<void> }> = {
   'errors-control-plane': {
-    description: 'Control-plane refusals: a mistyped field (400 naming it), an unknown model (400), an unknown run (404), an unknown route (404 with the nearest route).',
+    description:
+      'Control-plane refusals: a mistyped field (400 naming it), an unknown model (400), an unknown run (404), an unknown route (404 with the nearest route).',
     run: async (call) => {
       const session = (await call('POST', '/v1/loops/sessions')).body.session.id;
       await call('POST', '/v1/loops/runs', { session_id: session, base_model: 'Qwen/Qwen3.5-2B', lora_rank: '16' });
@@ -45,10 +49,16 @@ export const ERROR_FLOWS: Record<string, { description: string; run: (call: Call
     },
   },
   'errors-trainer': {
-    description: 'Trainer refusals: a token beyond the vocabulary at submit (400), an unknown operation (404), an Idempotency-Key reused with another body (409), an operation ending with a user error, and a deactivated run (409 run_inactive).',
+    description:
+      'Trainer refusals: a token beyond the vocabulary at submit (400), an unknown operation (404), an Idempotency-Key reused with another body (409), an operation ending with a user error, and a deactivated run (409 run_inactive).',
     run: async (call) => {
       const { run, trainer } = await newRun(call);
-      await call('POST', `${trainer}/forward`, { data: [{ ...datum, model_input: { chunks: [{ type: 'encoded_text', tokens: [1, 999999999] }] } }], loss_fn: 'cross_entropy' }, { 'Idempotency-Key': 'k-vocab' });
+      await call(
+        'POST',
+        `${trainer}/forward`,
+        { data: [{ ...datum, model_input: { chunks: [{ type: 'encoded_text', tokens: [1, 999999999] }] } }], loss_fn: 'cross_entropy' },
+        { 'Idempotency-Key': 'k-vocab' },
+      );
       await call('GET', `${trainer}/operations/nosuchoperation`);
       const first = await call('POST', `${trainer}/forward`, { data: [datum], loss_fn: 'cross_entropy' }, { 'Idempotency-Key': 'k-reused' });
       await poll(call, trainer, first.body.operation_id);
@@ -56,7 +66,9 @@ export const ERROR_FLOWS: Record<string, { description: string; run: (call: Call
       const saved = await call('POST', `${trainer}/save_state`, { name: 'rank8' }, { 'Idempotency-Key': 'k-save' });
       await poll(call, trainer, saved.body.operation_id);
       const other = await newRun(call);
-      await call('POST', `${other.trainer}/init_trainer_server`, { lora_rank: 4 }, { 'Idempotency-Key': 'k-init' }).then((r) => poll(call, other.trainer, r.body.operation_id));
+      await call('POST', `${other.trainer}/init_trainer_server`, { lora_rank: 4 }, { 'Idempotency-Key': 'k-init' }).then((r) =>
+        poll(call, other.trainer, r.body.operation_id),
+      );
       const load = await call('POST', `${other.trainer}/load_state`, { path: `bt://loops:${run.id}/weights/rank8` }, { 'Idempotency-Key': 'k-load' });
       if (load.status === 200) await poll(call, other.trainer, load.body.operation_id);
       await call('POST', `/v1/loops/runs/${run.id}/deactivate`);
@@ -65,12 +77,17 @@ export const ERROR_FLOWS: Record<string, { description: string; run: (call: Call
     },
   },
   'errors-sampler-floor': {
-    description: 'Sampler floors: a floor above anything published is a prompt 408 (unreachable); after a publish, a floor at the published version is served and reports it.',
+    description:
+      'Sampler floors: a floor above anything published is a prompt 408 (unreachable); after a publish, a floor at the published version is served and reports it.',
     run: async (call) => {
       const { run, trainer, sampler } = await newRun(call);
       const prompt = { chunks: [{ type: 'encoded_text', tokens: [1, 2, 3] }] };
       await call('POST', `${sampler}/sample`, { prompt, num_samples: 1, sampling_params: { max_tokens: 2 } }, { 'X-Min-Policy-Version': '5' });
-      for (const [op, body] of [['forward_backward', { data: [datum], loss_fn: 'cross_entropy' }], ['optim_step', {}], ['save_weights_for_sampler', { name: 'v1' }]] as const) {
+      for (const [op, body] of [
+        ['forward_backward', { data: [datum], loss_fn: 'cross_entropy' }],
+        ['optim_step', {}],
+        ['save_weights_for_sampler', { name: 'v1' }],
+      ] as const) {
         const r = await call('POST', `${trainer}/${op}`, body, { 'Idempotency-Key': `k-${op}` });
         await poll(call, trainer, r.body.operation_id);
       }

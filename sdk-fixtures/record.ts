@@ -28,7 +28,15 @@ export async function recordTask(upstream: string, key: string, out: string, tas
       const child = spawn('python3', [DRIVER], {
         // The cleanup task fails by design and prints its traceback: keep the output quiet.
         stdio: ['ignore', 'ignore', 'ignore'],
-        env: { ...process.env, LOOPS_BASE_URL: recorder.url, BASETEN_MANAGEMENT_API_URL_OVERRIDE: recorder.url, BASETEN_API_KEY: key, LOOPS_CONFORMANCE_TASK: task, LOOPS_CONFORMANCE_INPUT: join(dir, 'input.json'), LOOPS_CONFORMANCE_OUTPUT: join(dir, 'output.json') },
+        env: {
+          ...process.env,
+          LOOPS_BASE_URL: recorder.url,
+          BASETEN_MANAGEMENT_API_URL_OVERRIDE: recorder.url,
+          BASETEN_API_KEY: key,
+          LOOPS_CONFORMANCE_TASK: task,
+          LOOPS_CONFORMANCE_INPUT: join(dir, 'input.json'),
+          LOOPS_CONFORMANCE_OUTPUT: join(dir, 'output.json'),
+        },
       });
       child.on('close', done);
     });
@@ -66,5 +74,8 @@ async function main(): Promise<void> {
 }
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  main().catch((err: unknown) => { process.stderr.write(`${(err as Error).stack ?? String(err)}\n`); process.exit(1); });
+  main().catch((err: unknown) => {
+    process.stderr.write(`${(err as Error).stack ?? String(err)}\n`);
+    process.exit(1);
+  });
 }

@@ -24,7 +24,10 @@ import { samplerPlaneRoutes } from './sampler/routes.js';
 import { trainerRoutes } from './trainer/routes.js';
 import { VERSION } from './version.js';
 
-export type AppOptions = Pick<ServerOptions, 'bodyLimit' | 'logLevel' | 'logFormat' | 'headersTimeoutMs' | 'bodyTimeoutMs' | 'dataDir' | 'admin' | 'adminToken'> & {
+export type AppOptions = Pick<
+  ServerOptions,
+  'bodyLimit' | 'logLevel' | 'logFormat' | 'headersTimeoutMs' | 'bodyTimeoutMs' | 'dataDir' | 'admin' | 'adminToken'
+> & {
   /** The URLs base_url fields and download links carry (directUrls, or Baseten's hosts in proxy mode). */
   urls: PublicUrls;
   /** Proxy mode's forward proxy, in front of the app on its port. */
@@ -43,7 +46,9 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
 
   // Control plane: every route needs an API key.
   await app.register(async (control) => {
-    control.addHook('onRequest', async (request) => { request.principal = requirePrincipal(core, request); });
+    control.addHook('onRequest', async (request) => {
+      request.principal = requirePrincipal(core, request);
+    });
     sessionAndRunRoutes(control, ctx);
     samplerRoutes(control, ctx, modelViews);
     checkpointRoutes(control, ctx, modelViews);
@@ -77,18 +82,35 @@ export async function buildApp(core: LoopsCore, options: AppOptions): Promise<Fa
   // For CI services and scripts that wait for the server: no key, nothing but liveness (503 once shutting down).
   // engine: warming while --warm builds the engines in the background (requests work meanwhile, slower), then ready.
   const engineState = options.engine ?? (() => 'ready' as const);
-  app.get('/healthz', {
-    schema: {
-      tags: ['service'], summary: 'Liveness for scripts and CI: no key needed; 200 while the engines warm too',
-      response: {
-        200: Type.Object({
-          status: Type.Literal('ok'), engine: Type.Union([Type.Literal('warming'), Type.Literal('ready')]), version: Type.String(),
-          // Alive on a full disk too (reads answer, writes get 507): whether writes go through, and how many the disk refused.
-          storage: Type.Object({ writable: Type.Boolean(), refused_writes: Type.Integer(), background_write_failures: Type.Integer(), journal_file_failures: Type.Integer() }),
-        }),
+  app.get(
+    '/healthz',
+    {
+      schema: {
+        tags: ['service'],
+        summary: 'Liveness for scripts and CI: no key needed; 200 while the engines warm too',
+        response: {
+          200: Type.Object({
+            status: Type.Literal('ok'),
+            engine: Type.Union([Type.Literal('warming'), Type.Literal('ready')]),
+            version: Type.String(),
+            // Alive on a full disk too (reads answer, writes get 507): whether writes go through, and how many the disk refused.
+            storage: Type.Object({
+              writable: Type.Boolean(),
+              refused_writes: Type.Integer(),
+              background_write_failures: Type.Integer(),
+              journal_file_failures: Type.Integer(),
+            }),
+          }),
+        },
       },
     },
-  }, () => ({ status: 'ok' as const, engine: engineState(), version: VERSION, storage: { ...core.store.health, journal_file_failures: core.journal.fileFailures.failures } }));
+    () => ({
+      status: 'ok' as const,
+      engine: engineState(),
+      version: VERSION,
+      storage: { ...core.store.health, journal_file_failures: core.journal.fileFailures.failures },
+    }),
+  );
   // Browsers ask every page's host for an icon: an empty answer, never a 404 in the journal (journal-hook skips it).
   app.get('/favicon.ico', { schema: { hide: true } as object }, (_request, reply) => reply.code(204).send());
 

@@ -17,7 +17,13 @@ const RECORD_USAGE = `Usage: loops-mock record --upstream URL --out DIR [--flow 
   exchange is written to DIR/NAME.json (default NAME: recorded) as an sdk-fixtures flow,
   ids as placeholders, API keys never written. Replay with loops-conformance replay.`;
 
-const RECORD_FLAGS: Record<string, FlagDefinition> = { upstream: { type: 'string' }, out: { type: 'string' }, flow: { type: 'string' }, port: { type: 'string' }, host: { type: 'string' } };
+const RECORD_FLAGS: Record<string, FlagDefinition> = {
+  upstream: { type: 'string' },
+  out: { type: 'string' },
+  flow: { type: 'string' },
+  port: { type: 'string' },
+  host: { type: 'string' },
+};
 
 /** `loops-mock record ...`: the recording proxy. */
 async function record(argv: string[]): Promise<void> {
@@ -40,8 +46,12 @@ async function record(argv: string[]): Promise<void> {
   if (!opts.upstream || !/^https?:\/\//.test(opts.upstream)) throw new ConfigError('record needs --upstream URL: the Loops endpoint to record (http or https)');
   if (!opts.out) throw new ConfigError('record needs --out DIR: where the fixture is written');
   const recorder = await startRecorder({ upstream: opts.upstream, out: opts.out, flow: opts.flow, port: opts.port, host: opts.host });
-  process.stdout.write(`LOOPS_BASE_URL=${recorder.url}\nBASETEN_MANAGEMENT_API_URL_OVERRIDE=${recorder.url}\n# loops-mock ${VERSION} recording ${opts.upstream} into ${recorder.file}\n`);
-  const stop = () => { void recorder.close().then(() => process.exit(0)); };
+  process.stdout.write(
+    `LOOPS_BASE_URL=${recorder.url}\nBASETEN_MANAGEMENT_API_URL_OVERRIDE=${recorder.url}\n# loops-mock ${VERSION} recording ${opts.upstream} into ${recorder.file}\n`,
+  );
+  const stop = () => {
+    void recorder.close().then(() => process.exit(0));
+  };
   process.on('SIGTERM', stop);
   process.on('SIGINT', stop);
 }
@@ -83,7 +93,11 @@ async function exportModel(argv: string[]): Promise<void> {
     process.stdout.write(`${EXPORT_USAGE}\n`);
     return;
   }
-  const { flags, positionals } = parseFlags(argv, { tokenizer: { type: 'string', multiple: true } }, { error: (message) => new ConfigError(message), allowPositionals: true, unknownFlagSuffix: ' for export-model' });
+  const { flags, positionals } = parseFlags(
+    argv,
+    { tokenizer: { type: 'string', multiple: true } },
+    { error: (message) => new ConfigError(message), allowPositionals: true, unknownFlagSuffix: ' for export-model' },
+  );
   const [model, dir, ...extra] = positionals;
   if (!model || !dir || extra.length) throw new ConfigError('export-model needs BASE_MODEL and DIR, e.g. loops-mock export-model Qwen/Qwen3.5-2B ./tiny-qwen');
   if (!findBaseModel(model)) throw new ConfigError(`'${model}' is not a supported base model; supported: ${supportedModelNames().join(', ')}`);
@@ -129,7 +143,9 @@ function logMemorySettings(log: { info(message: string): void; warn(message: str
   const threshold = process.env.MALLOC_MMAP_THRESHOLD_;
   if (gc && threshold !== undefined) return log.info(`runtime memory settings: --expose-gc, MALLOC_MMAP_THRESHOLD_=${threshold}`);
   const missing = [gc ? '' : '--expose-gc', threshold === undefined ? 'MALLOC_MMAP_THRESHOLD_' : ''].filter(Boolean).join(' and ');
-  log.warn(`runtime memory settings missing (${missing}): memory returns to the system slowly after bursts; start the server as loops-mock or node bin/loops-mock.js, which set them`);
+  log.warn(
+    `runtime memory settings missing (${missing}): memory returns to the system slowly after bursts; start the server as loops-mock or node bin/loops-mock.js, which set them`,
+  );
 }
 
 /** `loops-mock [serve] [flags]`: starts the server and prints the variables a Loops client needs. */
@@ -146,7 +162,8 @@ async function main(argv: string[]): Promise<void> {
     process.stdout.write(`loops-mock ${VERSION} (tracks the Baseten Loops API ${LOOPS_API_VERSION})\n`);
     return;
   }
-  if (args[0] !== undefined && !args[0].startsWith('-')) throw new ConfigError(`unknown command '${args[0]}' (the commands are 'serve', 'record', 'ca' and 'export-model')`);
+  if (args[0] !== undefined && !args[0].startsWith('-'))
+    throw new ConfigError(`unknown command '${args[0]}' (the commands are 'serve', 'record', 'ca' and 'export-model')`);
   const options = parseOptions(args, process.env);
   // --write-env is written by the server once it listens (server/index.ts), as startServer({ writeEnv }) does.
   let stopping = false;
@@ -155,10 +172,23 @@ async function main(argv: string[]): Promise<void> {
   const lines = Object.entries(server.env).map(([k, v]) => `${k}=${v}`);
   const notes = [`# loops-mock ${VERSION} listening on ${server.url}${options.dataDir ? `, state in ${options.dataDir}` : ', state in memory'}`];
   notes.push(...server.notes.map((n) => `# ${n}`));
-  if (server.ca) notes.push(`# proxy mode: HTTPS_PROXY intercepts api.baseten.co, *.api.baseten.co, app.baseten.co and huggingface.co with the CA ${server.ca.cert}${options.proxyPassthrough.length ? `; passes through ${options.proxyPassthrough.join(', ')}` : ''}; other hosts are refused`);
-  const dashboardAccess = options.apiKeys.length === 0 ? (options.admin ? '' : ' (read-only: --admin adds controls)') : options.adminToken ? ' (sign in with the admin token)' : ' (refused: with --api-key it needs --admin-token)';
+  if (server.ca)
+    notes.push(
+      `# proxy mode: HTTPS_PROXY intercepts api.baseten.co, *.api.baseten.co, app.baseten.co and huggingface.co with the CA ${server.ca.cert}${options.proxyPassthrough.length ? `; passes through ${options.proxyPassthrough.join(', ')}` : ''}; other hosts are refused`,
+    );
+  const dashboardAccess =
+    options.apiKeys.length === 0
+      ? options.admin
+        ? ''
+        : ' (read-only: --admin adds controls)'
+      : options.adminToken
+        ? ' (sign in with the admin token)'
+        : ' (refused: with --api-key it needs --admin-token)';
   notes.push(`# dashboard: ${server.url}/_mock/ui${dashboardAccess}`);
-  if (options.admin) notes.push(`# admin API at ${server.url}/_mock/${options.adminToken ? ' (Authorization: Bearer <admin token>)' : ''}; clock ${options.clockMode}${options.scenario ? `; scenario ${options.scenario} applied` : ''}`);
+  if (options.admin)
+    notes.push(
+      `# admin API at ${server.url}/_mock/${options.adminToken ? ' (Authorization: Bearer <admin token>)' : ''}; clock ${options.clockMode}${options.scenario ? `; scenario ${options.scenario} applied` : ''}`,
+    );
   // Handlers first: a client that reads the variables and stops the server at once gets a graceful stop.
   process.on('SIGTERM', () => stop('SIGTERM'));
   process.on('SIGINT', () => stop('SIGINT'));
@@ -173,7 +203,10 @@ async function main(argv: string[]): Promise<void> {
     stopping = true;
     server.enginesClosed().then(
       () => process.exit(0),
-      (err: unknown) => { process.stderr.write(`loops-mock: error while shutting down: ${String(err)}\n`); process.exit(1); },
+      (err: unknown) => {
+        process.stderr.write(`loops-mock: error while shutting down: ${String(err)}\n`);
+        process.exit(1);
+      },
     );
   }
 }

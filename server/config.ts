@@ -124,7 +124,8 @@ function truth(flag: string, value: string): boolean {
 function wholeNumber(flag: string, [min, max]: readonly [number, number]): (value: string) => number {
   return (value) => {
     const n = Number(value);
-    if (!/^\d+$/.test(value.trim()) || !Number.isSafeInteger(n) || n < min || n > max) throw new ConfigError(`--${flag} must be a whole number from ${min} to ${max}, got '${value}'`);
+    if (!/^\d+$/.test(value.trim()) || !Number.isSafeInteger(n) || n < min || n > max)
+      throw new ConfigError(`--${flag} must be a whole number from ${min} to ${max}, got '${value}'`);
     return n;
   };
 }
@@ -146,18 +147,24 @@ export const parsePort = wholeNumber('port', [0, 65535]);
 
 export function parseApiKey(value: string): ApiKeySpec {
   const [key, org, team, ...rest] = value.split(':');
-  if (!key || rest.length || org === '' || team === '') throw new ConfigError(`--api-key must be KEY, KEY:ORG or KEY:ORG:TEAM with no empty part, got '${value}'`);
+  if (!key || rest.length || org === '' || team === '')
+    throw new ConfigError(`--api-key must be KEY, KEY:ORG or KEY:ORG:TEAM with no empty part, got '${value}'`);
   return { key, org, team };
 }
 
 /** A host name or IP address, as `--proxy-passthrough` and `--allowed-host` take them (no port: every port of the host counts). */
-const parseHostName = (flag: string) => (value: string): string => {
-  const host = value.trim().toLowerCase().replace(/^\[|\]$/g, '');
-  if (!/^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*$/.test(host) && !/^[0-9a-f:.]+$/.test(host)) {
-    throw new ConfigError(`--${flag} takes host names or IP addresses without a port, e.g. example.com,127.0.0.1, got '${value}'`);
-  }
-  return host;
-};
+const parseHostName =
+  (flag: string) =>
+  (value: string): string => {
+    const host = value
+      .trim()
+      .toLowerCase()
+      .replace(/^\[|\]$/g, '');
+    if (!/^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*$/.test(host) && !/^[0-9a-f:.]+$/.test(host)) {
+      throw new ConfigError(`--${flag} takes host names or IP addresses without a port, e.g. example.com,127.0.0.1, got '${value}'`);
+    }
+    return host;
+  };
 
 /** A --proxy-passthrough target: HOST (its port 443 only) or HOST:PORT ([V6]:PORT); lower-cased, the port kept only when given. */
 function parsePassthrough(value: string): string {
@@ -207,10 +214,19 @@ function startupRows<K extends StartupKey>(specs: StartupRowSpecs<K>): FlagRow[]
   return (Object.keys(specs) as K[]).map((option) => {
     const spec = specs[option] as StartupRowSpec<K>;
     return {
-      option, flag: spec.flag, env: envName(spec.flag), live: false,
-      default: spec.default, shownDefault: showDefault(spec.default, spec.shown, spec.flag), help: spec.help,
-      switch: spec.switch ?? false, repeatable: spec.repeatable !== undefined, flagsReplaceEnv: spec.repeatable === 'flags replace env',
-      set: (options: StartupOptions, value) => { options[option] = spec.parse(value, options[option]); },
+      option,
+      flag: spec.flag,
+      env: envName(spec.flag),
+      live: false,
+      default: spec.default,
+      shownDefault: showDefault(spec.default, spec.shown, spec.flag),
+      help: spec.help,
+      switch: spec.switch ?? false,
+      repeatable: spec.repeatable !== undefined,
+      flagsReplaceEnv: spec.repeatable === 'flags replace env',
+      set: (options: StartupOptions, value) => {
+        options[option] = spec.parse(value, options[option]);
+      },
     };
   });
 }
@@ -219,8 +235,14 @@ function startupRows<K extends StartupKey>(specs: StartupRowSpecs<K>): FlagRow[]
 function liveRows(): SettingRow[] {
   return LIVE_SETTING_ROWS.map((row) => {
     const common = {
-      option: row.key, wire: row.wire, live: true, default: row.default, help: row.help,
-      switch: false, repeatable: false, flagsReplaceEnv: false,
+      option: row.key,
+      wire: row.wire,
+      live: true,
+      default: row.default,
+      help: row.help,
+      switch: false,
+      repeatable: false,
+      flagsReplaceEnv: false,
     };
     if (!row.flag) return { ...common, shownDefault: showDefault(row.default, undefined, row.wire) };
     const flag = row.wire.replace(/_/g, '-');
@@ -228,69 +250,134 @@ function liveRows(): SettingRow[] {
     // A list flag is a comma list; a nullable setting has no flag (nothing to say "off" with), so none reaches here.
     const parse = row.shape === 'list' ? (v: string) => v.split(',').map((x) => whole(x.trim())) : whole;
     return {
-      ...common, flag, env: envName(flag), shownDefault: showDefault(row.default, undefined, flag),
-      set: (options: ServerOptions, value: string) => { (options as unknown as Record<string, unknown>)[row.key] = parse(value); },
+      ...common,
+      flag,
+      env: envName(flag),
+      shownDefault: showDefault(row.default, undefined, flag),
+      set: (options: ServerOptions, value: string) => {
+        (options as unknown as Record<string, unknown>)[row.key] = parse(value);
+      },
     };
   });
 }
 
-const LISTENING_ROWS: StartupRowSpecs<'port' | 'host' | 'allowedHost' | 'publicUrl' | 'dataDir' | 'dataDirFresh' | 'rebuildRecords' | 'apiKeys' | 'logLevel' | 'logFormat' | 'bodyLimit' | 'headersTimeoutMs' | 'bodyTimeoutMs'> = {
+const LISTENING_ROWS: StartupRowSpecs<
+  | 'port'
+  | 'host'
+  | 'allowedHost'
+  | 'publicUrl'
+  | 'dataDir'
+  | 'dataDirFresh'
+  | 'rebuildRecords'
+  | 'apiKeys'
+  | 'logLevel'
+  | 'logFormat'
+  | 'bodyLimit'
+  | 'headersTimeoutMs'
+  | 'bodyTimeoutMs'
+> = {
   port: { flag: 'port', default: 8787, help: 'port to listen on; 0 picks a free one', parse: parsePort },
   host: { flag: 'host', default: '127.0.0.1', help: 'address to listen on', parse: notEmpty('host') },
   allowedHost: {
-    flag: 'allowed-host', default: [], shown: 'none', repeatable: 'adds to env',
+    flag: 'allowed-host',
+    default: [],
+    shown: 'none',
+    repeatable: 'adds to env',
     help: "HOST[,HOST...]: more names clients reach the server by (the Host header), e.g. the machine's name with --host 0.0.0.0 or a container's service name; localhost, IP addresses, the --host and --public-url names (and Baseten's hosts with --proxy) are always answered, other names get 403 (a guard against DNS rebinding)",
     parse: (v, hosts) => [...hosts, ...v.split(',').map(parseHostName('allowed-host'))],
   },
   publicUrl: {
-    flag: 'public-url', default: undefined, shown: 'where it listens', help: 'URL put into base_url fields',
+    flag: 'public-url',
+    default: undefined,
+    shown: 'where it listens',
+    help: 'URL put into base_url fields',
     parse: (v) => {
       let url: URL;
-      try { url = new URL(v); } catch { throw new ConfigError(`--public-url must be an absolute http(s) URL, got '${v}'`); }
+      try {
+        url = new URL(v);
+      } catch {
+        throw new ConfigError(`--public-url must be an absolute http(s) URL, got '${v}'`);
+      }
       if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new ConfigError(`--public-url must use http or https, got '${v}'`);
       return v.replace(/\/+$/, '');
     },
   },
   dataDir: { flag: 'data-dir', default: undefined, shown: 'none: in memory', help: 'folder for durable state', parse: notEmpty('data-dir') },
   dataDirFresh: {
-    flag: 'data-dir-fresh', default: false, switch: true,
-    help: "with --data-dir: move its database and checkpoints into DIR/set-aside-<time>/ (never deleted) and start empty; the way past a database that is missing, empty or unreadable",
+    flag: 'data-dir-fresh',
+    default: false,
+    switch: true,
+    help: 'with --data-dir: move its database and checkpoints into DIR/set-aside-<time>/ (never deleted) and start empty; the way past a database that is missing, empty or unreadable',
     parse: (v) => truth('data-dir-fresh', v),
   },
   rebuildRecords: {
-    flag: 'rebuild-records', default: false, switch: true,
+    flag: 'rebuild-records',
+    default: false,
+    switch: true,
     help: "with --data-dir: give checkpoint folders that no record names their records back from each folder's manifest, so they list, load and download again (runs and samplers are not rebuilt); an unreadable database is moved into DIR/set-aside-<time>/ first",
     parse: (v) => truth('rebuild-records', v),
   },
   apiKeys: {
-    flag: 'api-key', default: [], shown: 'any key', repeatable: 'flags replace env',
+    flag: 'api-key',
+    default: [],
+    shown: 'any key',
+    repeatable: 'flags replace env',
     help: 'KEY[:ORG[:TEAM]]; repeatable; when given, only these keys are accepted',
     parse: (v, keys) => [...keys, ...v.split(',').map(parseApiKey)],
   },
-  logLevel: { flag: 'log-level', default: 'info', help: `server log level on stderr: ${LOG_LEVELS.join(', ')}; info has a line per request and every lifecycle event, warn only problems`, parse: oneOf('log-level', LOG_LEVELS, `one of ${LOG_LEVELS.join(', ')}`) },
+  logLevel: {
+    flag: 'log-level',
+    default: 'info',
+    help: `server log level on stderr: ${LOG_LEVELS.join(', ')}; info has a line per request and every lifecycle event, warn only problems`,
+    parse: oneOf('log-level', LOG_LEVELS, `one of ${LOG_LEVELS.join(', ')}`),
+  },
   logFormat: {
-    flag: 'log-format', default: process.stderr.isTTY ? 'pretty' : 'json', shown: 'pretty on a terminal, else json',
-    help: 'pretty: one short line per request or event; json: one JSON object per line (pino)', parse: oneOf('log-format', ['pretty', 'json'], 'pretty or json'),
+    flag: 'log-format',
+    default: process.stderr.isTTY ? 'pretty' : 'json',
+    shown: 'pretty on a terminal, else json',
+    help: 'pretty: one short line per request or event; json: one JSON object per line (pino)',
+    parse: oneOf('log-format', ['pretty', 'json'], 'pretty or json'),
   },
   bodyLimit: { flag: 'body-limit', default: 32 * 1024 * 1024, help: 'largest request body in bytes', parse: wholeNumber('body-limit', [1024, 2 ** 31]) },
-  headersTimeoutMs: { flag: 'headers-timeout-ms', default: 10_000, help: "a request's headers must arrive within this, else 408 and the connection closes (answers, long polls included, are not limited)", parse: wholeNumber('headers-timeout-ms', [100, 600_000]) },
-  bodyTimeoutMs: { flag: 'body-timeout-ms', default: 60_000, help: 'the whole request, headers and body, must arrive within this, else 408 and the connection closes', parse: wholeNumber('body-timeout-ms', [100, 3_600_000]) },
+  headersTimeoutMs: {
+    flag: 'headers-timeout-ms',
+    default: 10_000,
+    help: "a request's headers must arrive within this, else 408 and the connection closes (answers, long polls included, are not limited)",
+    parse: wholeNumber('headers-timeout-ms', [100, 600_000]),
+  },
+  bodyTimeoutMs: {
+    flag: 'body-timeout-ms',
+    default: 60_000,
+    help: 'the whole request, headers and body, must arrive within this, else 408 and the connection closes',
+    parse: wholeNumber('body-timeout-ms', [100, 3_600_000]),
+  },
 };
 
 const ENGINE_AND_ADMIN_ROWS: StartupRowSpecs<Exclude<StartupKey, keyof typeof LISTENING_ROWS>> = {
-  device: { flag: 'device', default: 'cpu', help: "where the model engine computes: cpu, or cuda where onnxruntime-node's CUDA provider is installed", parse: oneOf('device', ['cpu', 'cuda'], 'cpu or cuda') },
+  device: {
+    flag: 'device',
+    default: 'cpu',
+    help: "where the model engine computes: cpu, or cuda where onnxruntime-node's CUDA provider is installed",
+    parse: oneOf('device', ['cpu', 'cuda'], 'cpu or cuda'),
+  },
   unembeddingRank: {
-    flag: 'unembedding-rank', default: DEFAULT_UNEMBEDDING_RANK,
+    flag: 'unembedding-rank',
+    default: DEFAULT_UNEMBEDDING_RANK,
     help: `largest LoRA rank on the unembedding (lm_head), 1..${MAX_LORA_RANK}; a run's lora_rank above it is capped there, as adapter_config.json's rank_pattern says; it holds rank × vocabulary floats per adapter`,
     parse: wholeNumber('unembedding-rank', [1, MAX_LORA_RANK]),
   },
   batchRuns: {
-    flag: 'batch-runs', default: true, shown: 'on',
+    flag: 'batch-runs',
+    default: true,
+    shown: 'on',
     help: "on: training steps, scoring and decode steps of different runs and samplers on one base model that reach the engine together share graph runs, each row with its own adapter (results equal alone to float32 rounding); off: each run's work runs apart, bit-reproducible whatever else runs",
     parse: (v) => oneOf('batch-runs', ['on', 'off'], 'on or off')(v) === 'on',
   },
   tokenizers: {
-    flag: 'tokenizer', default: {}, shown: 'built in', repeatable: 'adds to env',
+    flag: 'tokenizer',
+    default: {},
+    shown: 'built in',
+    repeatable: 'adds to env',
     help: 'NAME=PATH: use the tokenizer.json at PATH (a file or its folder) for base model NAME; repeatable',
     parse: (v, tokenizers) => {
       const next = { ...tokenizers };
@@ -303,43 +390,104 @@ const ENGINE_AND_ADMIN_ROWS: StartupRowSpecs<Exclude<StartupKey, keyof typeof LI
     },
   },
   warmModels: {
-    flag: 'warm', default: ['Qwen/Qwen3.5-2B'], shown: 'Qwen/Qwen3.5-2B',
+    flag: 'warm',
+    default: ['Qwen/Qwen3.5-2B'],
+    shown: 'Qwen/Qwen3.5-2B',
     help: "MODEL[,MODEL...]: base models whose engine is built and run once in the background at start, so that a client's first step costs what its later ones do (about 150 MB resident each); none: no model",
     parse: (v) => {
       if (v === 'none') return [];
       return v.split(',').map((name) => {
-        if (!findBaseModel(name)) throw new ConfigError(`--warm: '${name}' is not a supported base model (${BASE_MODELS.map((m) => m.name).join(', ')}), or 'none'`);
+        if (!findBaseModel(name))
+          throw new ConfigError(`--warm: '${name}' is not a supported base model (${BASE_MODELS.map((m) => m.name).join(', ')}), or 'none'`);
         return name;
       });
     },
   },
-  admin: { flag: 'admin', default: false, switch: true, help: 'serve the admin API under /_mock/ (faults, journal, scenarios, clock; see docs/admin.md)', parse: (v) => truth('admin', v) },
-  adminToken: { flag: 'admin-token', default: undefined, shown: 'none', help: 'require Authorization: Bearer TOKEN on the admin API', parse: notEmpty('admin-token') },
-  clockMode: { flag: 'clock', default: 'real', help: 'real, or virtual: time stands still until POST /_mock/clock/advance moves it', parse: oneOf('clock', ['real', 'virtual'], 'real or virtual') },
-  journalFile: { flag: 'journal', default: undefined, shown: 'none', help: 'also append every journal entry to this file as NDJSON', parse: notEmpty('journal') },
+  admin: {
+    flag: 'admin',
+    default: false,
+    switch: true,
+    help: 'serve the admin API under /_mock/ (faults, journal, scenarios, clock; see docs/admin.md)',
+    parse: (v) => truth('admin', v),
+  },
+  adminToken: {
+    flag: 'admin-token',
+    default: undefined,
+    shown: 'none',
+    help: 'require Authorization: Bearer TOKEN on the admin API',
+    parse: notEmpty('admin-token'),
+  },
+  clockMode: {
+    flag: 'clock',
+    default: 'real',
+    help: 'real, or virtual: time stands still until POST /_mock/clock/advance moves it',
+    parse: oneOf('clock', ['real', 'virtual'], 'real or virtual'),
+  },
+  journalFile: {
+    flag: 'journal',
+    default: undefined,
+    shown: 'none',
+    help: 'also append every journal entry to this file as NDJSON',
+    parse: notEmpty('journal'),
+  },
   journalSize: { flag: 'journal-size', default: 10_000, help: 'requests the journal keeps in memory', parse: wholeNumber('journal-size', [1, 10_000_000]) },
-  journalDetail: { flag: 'journal-detail', default: 'summary', help: 'summary: bodies cut to a few items; full: whole request and response bodies', parse: oneOf('journal-detail', ['summary', 'full'], 'summary or full') },
-  scenario: { flag: 'scenario', default: undefined, shown: 'none', help: 'a scenario file (JSON or YAML) or a shipped scenario name, applied at start', parse: notEmpty('scenario') },
+  journalDetail: {
+    flag: 'journal-detail',
+    default: 'summary',
+    help: 'summary: bodies cut to a few items; full: whole request and response bodies',
+    parse: oneOf('journal-detail', ['summary', 'full'], 'summary or full'),
+  },
+  scenario: {
+    flag: 'scenario',
+    default: undefined,
+    shown: 'none',
+    help: 'a scenario file (JSON or YAML) or a shipped scenario name, applied at start',
+    parse: notEmpty('scenario'),
+  },
   faultSeed: { flag: 'fault-seed', default: 1, help: 'seed of fault rules that give none', parse: wholeNumber('fault-seed', [0, 2 ** 32 - 1]) },
   proxy: {
-    flag: 'proxy', default: false, switch: true,
-    help: "also act as an HTTPS forward proxy: intercept api.baseten.co, *.api.baseten.co, app.baseten.co and huggingface.co with the local CA, refuse other hosts; prints HTTPS_PROXY and the CA variables instead of LOOPS_BASE_URL",
+    flag: 'proxy',
+    default: false,
+    switch: true,
+    help: 'also act as an HTTPS forward proxy: intercept api.baseten.co, *.api.baseten.co, app.baseten.co and huggingface.co with the local CA, refuse other hosts; prints HTTPS_PROXY and the CA variables instead of LOOPS_BASE_URL',
     parse: (v) => truth('proxy', v),
   },
-  caDir: { flag: 'ca-dir', default: undefined, shown: '~/.local/share/loops-mock/ca', help: "the proxy's CA folder (ca.pem, ca-key.pem, ca-bundle.pem), made at first start and reused; $XDG_DATA_HOME moves the default", parse: notEmpty('ca-dir') },
+  caDir: {
+    flag: 'ca-dir',
+    default: undefined,
+    shown: '~/.local/share/loops-mock/ca',
+    help: "the proxy's CA folder (ca.pem, ca-key.pem, ca-bundle.pem), made at first start and reused; $XDG_DATA_HOME moves the default",
+    parse: notEmpty('ca-dir'),
+  },
   proxyPassthrough: {
-    flag: 'proxy-passthrough', default: [], shown: 'none', repeatable: 'adds to env',
+    flag: 'proxy-passthrough',
+    default: [],
+    shown: 'none',
+    repeatable: 'adds to env',
     help: 'HOST[:PORT][,...]: what the proxy tunnels untouched instead of refusing (they win over interception); a bare HOST is its port 443 only',
     parse: (v, hosts) => [...hosts, ...v.split(',').map(parsePassthrough)],
   },
   // Not --env-file: Node 20 takes an --env-file anywhere on its command line for itself, even after the script.
-  writeEnv: { flag: 'write-env', default: undefined, shown: 'none', help: 'also write the printed client variables (KEY=value lines) to this file once listening, for scripts and CI services', parse: notEmpty('write-env') },
+  writeEnv: {
+    flag: 'write-env',
+    default: undefined,
+    shown: 'none',
+    help: 'also write the printed client variables (KEY=value lines) to this file once listening, for scripts and CI services',
+    parse: notEmpty('write-env'),
+  },
   exitWithParent: {
-    flag: 'exit-with-parent', default: false, switch: true,
+    flag: 'exit-with-parent',
+    default: false,
+    switch: true,
     help: 'stop (gracefully, exit 0) as soon as the process that started this one is gone, even if it was killed with SIGKILL: no stray server after a CI step, npx wrapper or test runner dies',
     parse: (v) => truth('exit-with-parent', v),
   },
-  presignTtlSeconds: { flag: 'presign-ttl-s', default: 3600, help: 'lifetime of checkpoint download URLs in seconds', parse: wholeNumber('presign-ttl-s', [1, 7 * 86400]) },
+  presignTtlSeconds: {
+    flag: 'presign-ttl-s',
+    default: 3600,
+    help: 'lifetime of checkpoint download URLs in seconds',
+    parse: wholeNumber('presign-ttl-s', [1, 7 * 86400]),
+  },
 };
 
 /**
@@ -396,5 +544,15 @@ export function helpOf(row: SettingRow): string {
 
 export function usage(): string {
   const lines = FLAG_ROWS.map((row) => `  --${row.flag.padEnd(18)} ${helpOf(row)}\n  ${''.padEnd(20)} env ${row.env}`);
-  return ['Usage: loops-mock [serve] [flags]', '       loops-mock record --help   (the recording proxy)', '       loops-mock ca --help       (proxy mode\'s local CA)', '       loops-mock export-model --help   (the tiny base model as a Hugging Face folder)', '', 'Flags:', ...lines, '  --help              this text', '  --version           print the version'].join('\n');
+  return [
+    'Usage: loops-mock [serve] [flags]',
+    '       loops-mock record --help   (the recording proxy)',
+    "       loops-mock ca --help       (proxy mode's local CA)",
+    '       loops-mock export-model --help   (the tiny base model as a Hugging Face folder)',
+    '',
+    'Flags:',
+    ...lines,
+    '  --help              this text',
+    '  --version           print the version',
+  ].join('\n');
 }

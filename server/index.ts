@@ -114,7 +114,9 @@ async function warmEngines(engines: EnginePool, models: string[], log: FastifyBa
         () => engines.get(model).warmUp(),
         () => warmTrainingLoop(engines.get(model)),
         // Stop strings are matched on decoded text: the decoder is loaded now too, not in a client's first sample.
-        () => { engines.sampleCodec(model).decode([0]); },
+        () => {
+          engines.sampleCodec(model).decode([0]);
+        },
       ];
       for (const step of steps) {
         if (stop.aborted) return;
@@ -146,7 +148,7 @@ export async function startServer(given: StartOptions = {}): Promise<RunningServ
 
 /** Starts a server from options as parseOptions gives them (the command line's way in). */
 export async function startWithOptions(options: ServerOptions, extras: StartExtras = {}): Promise<RunningServer> {
-  const engines = extras.engines ?? await prepareEngines(options);
+  const engines = extras.engines ?? (await prepareEngines(options));
   if (options.journalFile) {
     try {
       appendFileSync(options.journalFile, '');
@@ -163,9 +165,13 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
     }
   }
   // Without the admin API nothing could move a virtual clock: say so rather than let every timeout hang.
-  if (options.clockMode === 'virtual' && !options.admin && !extras.clock) throw new ConfigError('--clock virtual needs --admin: only POST /_mock/clock/advance moves virtual time');
+  if (options.clockMode === 'virtual' && !options.admin && !extras.clock)
+    throw new ConfigError('--clock virtual needs --admin: only POST /_mock/clock/advance moves virtual time');
   // With keys the server is meant to be guarded: an admin API without its own token would let anyone reset it or read the journal.
-  if (options.admin && options.apiKeys.length > 0 && options.adminToken === undefined) throw new ConfigError('--admin with --api-key needs --admin-token TOKEN: without it anyone who reaches the port could reset the server or read its journal, with no key at all');
+  if (options.admin && options.apiKeys.length > 0 && options.adminToken === undefined)
+    throw new ConfigError(
+      '--admin with --api-key needs --admin-token TOKEN: without it anyone who reaches the port could reset the server or read its journal, with no key at all',
+    );
   // Read before anything starts, so a bad scenario fails the start with its line.
   let scenario: ScenarioSpec | undefined;
   if (options.scenario) {
@@ -176,8 +182,12 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
       throw new ConfigError(`--scenario ${options.scenario}: ${(err as Error).message}`);
     }
   }
-  if ((options.dataDirFresh || options.rebuildRecords) && !options.dataDir) throw new ConfigError(`--${options.dataDirFresh ? 'data-dir-fresh' : 'rebuild-records'} needs --data-dir DIR: it acts on that folder's state`);
-  if (options.dataDirFresh && options.rebuildRecords) throw new ConfigError('--data-dir-fresh and --rebuild-records do not go together: fresh sets every checkpoint aside, rebuild keeps them and gives them their records back');
+  if ((options.dataDirFresh || options.rebuildRecords) && !options.dataDir)
+    throw new ConfigError(`--${options.dataDirFresh ? 'data-dir-fresh' : 'rebuild-records'} needs --data-dir DIR: it acts on that folder's state`);
+  if (options.dataDirFresh && options.rebuildRecords)
+    throw new ConfigError(
+      '--data-dir-fresh and --rebuild-records do not go together: fresh sets every checkpoint aside, rebuild keeps them and gives them their records back',
+    );
   // Before the core opens the data dir: a missing or unreadable database beside checkpoint folders stops the start (server/core/data-dir.ts).
   const dataDirNotes = options.dataDir ? prepareDataDir(options.dataDir, { fresh: options.dataDirFresh, rebuildRecords: options.rebuildRecords }).notes : [];
   const core = new LoopsCore({
@@ -204,7 +214,7 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
   let publicUrl = options.publicUrl ?? '';
   let proxy: ForwardProxy | undefined;
   if (options.proxy) {
-    if (options.publicUrl) throw new ConfigError('--public-url does not go with --proxy: in proxy mode base_url fields are Baseten\'s own URLs');
+    if (options.publicUrl) throw new ConfigError("--public-url does not go with --proxy: in proxy mode base_url fields are Baseten's own URLs");
     const caDir = options.caDir ?? defaultCaDir();
     let ca: LocalCa;
     try {
@@ -220,7 +230,13 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
   try {
     // The names the server is started under are its own too: a client reaches it by them (server/http/allowed-hosts.ts).
     const allowedHosts = [...options.allowedHost, options.host, ...(options.publicUrl ? [new URL(options.publicUrl).hostname] : [])];
-    app = await buildApp(core, { ...options, allowedHosts, urls: proxy ? basetenUrls() : directUrls(() => publicUrl), front: proxy, engine: () => (warm ? 'ready' : 'warming') });
+    app = await buildApp(core, {
+      ...options,
+      allowedHosts,
+      urls: proxy ? basetenUrls() : directUrls(() => publicUrl),
+      front: proxy,
+      engine: () => (warm ? 'ready' : 'warming'),
+    });
     // The proxy's limits (refused handshakes) are the operator's to see.
     proxy?.onWarning((message) => app.log.warn(message));
     await app.listen({ port: options.port, host: options.host });
@@ -229,13 +245,14 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
     throw err;
   }
   // Proxy mode or an open admin API on an address other machines reach: said, not refused (a trusted network may want it).
-  for (const warning of exposureWarnings({ host: options.host, proxy: options.proxy, admin: options.admin, adminToken: options.adminToken })) app.log.warn(warning);
+  for (const warning of exposureWarnings({ host: options.host, proxy: options.proxy, admin: options.admin, adminToken: options.adminToken }))
+    app.log.warn(warning);
   const address = app.server.address();
   const port = typeof address === 'object' && address ? address.port : options.port;
   const wildcard = options.host === '0.0.0.0' || options.host === '::';
   const host = wildcard ? '127.0.0.1' : options.host.includes(':') ? `[${options.host}]` : options.host;
   const url = `http://${host}:${port}`;
-  publicUrl = proxy ? basetenUrls().root() : options.publicUrl ?? url;
+  publicUrl = proxy ? basetenUrls().root() : (options.publicUrl ?? url);
   const apiKey = options.apiKeys[0]?.key ?? DEFAULT_API_KEY;
   const ca = proxy?.caFiles;
   // Proxy mode prints no LOOPS_BASE_URL: the clients it is for keep Baseten's URLs (the guide's script refuses to run with it).
@@ -244,30 +261,40 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
     : { LOOPS_BASE_URL: publicUrl, BASETEN_API_KEY: apiKey, BASETEN_MANAGEMENT_API_URL_OVERRIDE: publicUrl, HF_ENDPOINT: `${publicUrl}/hf` };
   // Owner-only: it holds BASETEN_API_KEY (the mode applies to a new file; an existing one is narrowed too).
   if (options.writeEnv) {
-    writeFileSync(options.writeEnv, `${Object.entries(env).map(([k, v]) => `${k}=${v}`).join('\n')}\n`, { mode: 0o600 });
+    writeFileSync(
+      options.writeEnv,
+      `${Object.entries(env)
+        .map(([k, v]) => `${k}=${v}`)
+        .join('\n')}\n`,
+      { mode: 0o600 },
+    );
     chmodSync(options.writeEnv, 0o600);
   }
   // After listening: requests that come meanwhile queue behind the warm-up on the engine, as they would behind any step.
   const stopWarming = new AbortController();
-  const warming = warmEngines(engines, options.warmModels, app.log, stopWarming.signal).finally(() => { warm = true; });
+  const warming = warmEngines(engines, options.warmModels, app.log, stopWarming.signal).finally(() => {
+    warm = true;
+  });
   compileSchemasSoon();
   let closed: Promise<void> | undefined;
   let enginesClosed: Promise<void> | undefined;
   let stopWatching = () => {};
-  const close = () => (closed ??= (async () => {
-    stopWatching();
-    stopWarming.abort();
-    proxy?.close();
-    await app.close();
-    unlistenLong();
-    await core.drain();
-    core.close();
-  })());
-  const closeEngines = () => (enginesClosed ??= (async () => {
-    await close();
-    await warming;
-    if (!extras.engines) await engines.close();
-  })());
+  const close = () =>
+    (closed ??= (async () => {
+      stopWatching();
+      stopWarming.abort();
+      proxy?.close();
+      await app.close();
+      unlistenLong();
+      await core.drain();
+      core.close();
+    })());
+  const closeEngines = () =>
+    (enginesClosed ??= (async () => {
+      await close();
+      await warming;
+      if (!extras.engines) await engines.close();
+    })());
   if (options.exitWithParent) {
     stopWatching = watchParent(() => {
       app.log.warn('the parent process is gone (--exit-with-parent): stopping');

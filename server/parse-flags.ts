@@ -64,7 +64,8 @@ export function parseFlags(argv: readonly string[], definitions: Record<string, 
   const flags: GivenFlag[] = [];
   const positionals: string[] = [];
   for (const token of tokens) {
-    if (token.kind === 'option') flags.push({ name: token.name, value: isSwitch(token.name) ? switchValues.get(token.index) ?? 'true' : token.value ?? '' });
+    if (token.kind === 'option')
+      flags.push({ name: token.name, value: isSwitch(token.name) ? (switchValues.get(token.index) ?? 'true') : (token.value ?? '') });
     else if (token.kind === 'positional') positionals.push(token.value);
     // A bare '--' with nothing after it passes parseArgs; a command without positionals never took it.
     else if (!allowPositionals) throw how.error(`unexpected argument '--'`);

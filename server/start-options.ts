@@ -48,7 +48,12 @@ export const optionNameOf = (flag: string): string => flag.replace(/-([a-z0-9])/
 
 /** The names 0.1 used, kept working (README, "Deprecated option names"); each maps to its flag's name. */
 export const DEPRECATED_OPTION_NAMES: Readonly<Record<string, string>> = {
-  apiKeys: 'apiKey', tokenizers: 'tokenizer', warmModels: 'warm', clockMode: 'clock', journalFile: 'journal', presignTtlSeconds: 'presignTtlS',
+  apiKeys: 'apiKey',
+  tokenizers: 'tokenizer',
+  warmModels: 'warm',
+  clockMode: 'clock',
+  journalFile: 'journal',
+  presignTtlSeconds: 'presignTtlS',
 };
 
 const ROW_BY_OPTION = new Map<string, FlagRow>(FLAG_ROWS.map((row) => [optionNameOf(row.flag), row]));
@@ -78,16 +83,20 @@ export function nearestOption(name: string): string | undefined {
     if (!best || distance < best.distance) best = { name: candidate, distance };
   }
   // A few letters off, or one name inside the other (warmModel for warm).
-  const near = best && (best.distance <= Math.max(2, Math.floor(name.length / 3)) || lower.includes(best.name.toLowerCase()) || best.name.toLowerCase().includes(lower));
+  const near =
+    best && (best.distance <= Math.max(2, Math.floor(name.length / 3)) || lower.includes(best.name.toLowerCase()) || best.name.toLowerCase().includes(lower));
   return near ? best!.name : undefined;
 }
 
-const isPlainObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v) && Object.getPrototypeOf(v) === Object.prototype;
+const isPlainObject = (v: unknown): v is Record<string, unknown> =>
+  typeof v === 'object' && v !== null && !Array.isArray(v) && Object.getPrototypeOf(v) === Object.prototype;
 
 /** Sets one option from a typed value or flag text, through the flag's own check. */
 function setOption(options: ServerOptions, row: FlagRow, value: unknown): void {
   const field = row.option as keyof ServerOptions;
-  const assign = (v: unknown) => { (options as unknown as Record<string, unknown>)[field] = v; };
+  const assign = (v: unknown) => {
+    (options as unknown as Record<string, unknown>)[field] = v;
+  };
   if (typeof value === 'string') {
     if (row.repeatable) assign(structuredClone(row.default));
     row.set(options, value);
@@ -110,11 +119,18 @@ function setOption(options: ServerOptions, row: FlagRow, value: unknown): void {
     }
   } else if (isPlainObject(value) && isPlainObject(row.default)) {
     for (const [k, v] of Object.entries(value)) {
-      if (typeof v !== 'string' || v === '' || k === '') throw new ConfigError(`must map names to non-empty strings, got ${JSON.stringify(k)}: ${JSON.stringify(v)}`);
+      if (typeof v !== 'string' || v === '' || k === '')
+        throw new ConfigError(`must map names to non-empty strings, got ${JSON.stringify(k)}: ${JSON.stringify(v)}`);
     }
     assign({ ...value });
   } else {
-    const shape = Array.isArray(row.default) ? 'a list or a string' : typeof row.default === 'number' ? 'a number or a string' : typeof row.default === 'boolean' ? 'true or false' : 'a string';
+    const shape = Array.isArray(row.default)
+      ? 'a list or a string'
+      : typeof row.default === 'number'
+        ? 'a number or a string'
+        : typeof row.default === 'boolean'
+          ? 'true or false'
+          : 'a string';
     throw new ConfigError(`must be ${shape} as --${row.flag} takes it, got ${Array.isArray(value) ? 'a list' : typeof value}`);
   }
 }
@@ -127,7 +143,7 @@ export interface ResolvedStart {
 
 /** startServer()'s options as the server's: every name checked (an unknown one names the nearest), every value through its flag's check. */
 export function resolveStartOptions(given: StartOptions): ResolvedStart {
-  if (!isPlainObject(given)) throw new ConfigError('startServer takes one options object, e.g. startServer({ port: 0, warm: \'none\' })');
+  if (!isPlainObject(given)) throw new ConfigError("startServer takes one options object, e.g. startServer({ port: 0, warm: 'none' })");
   const options = structuredClone(DEFAULTS);
   const resolved: ResolvedStart = { options };
   const seen = new Map<string, string>();
@@ -145,7 +161,9 @@ export function resolveStartOptions(given: StartOptions): ResolvedStart {
     const row = ROW_BY_OPTION.get(name);
     if (!row) {
       const nearest = nearestOption(key);
-      throw new ConfigError(`startServer: unknown option '${key}'${nearest ? ` (did you mean '${nearest}'?)` : ''}; the options are the flags of loops-mock serve in camelCase (${START_OPTION_NAMES.join(', ')})`);
+      throw new ConfigError(
+        `startServer: unknown option '${key}'${nearest ? ` (did you mean '${nearest}'?)` : ''}; the options are the flags of loops-mock serve in camelCase (${START_OPTION_NAMES.join(', ')})`,
+      );
     }
     const earlier = seen.get(name);
     if (earlier !== undefined) throw new ConfigError(`startServer: '${key}' and '${earlier}' are the same option (--${row.flag}); give one`);

@@ -36,8 +36,16 @@ export interface CorruptCheckpointFigures {
 type Damage = (file: string) => void;
 const DAMAGES: Record<string, Damage> = {
   // Up to 64 distinct bytes, spread over the file (a small file has all of its bytes flipped).
-  'bytes flipped': (file) => { const b = readFileSync(file); const n = Math.min(64, b.length); for (let i = 0; i < n; i++) b[Math.floor((b.length * i) / n)]! ^= 0xa5; writeFileSync(file, b); },
-  'cut short': (file) => { const b = readFileSync(file); writeFileSync(file, b.subarray(0, Math.floor(b.length / 2))); },
+  'bytes flipped': (file) => {
+    const b = readFileSync(file);
+    const n = Math.min(64, b.length);
+    for (let i = 0; i < n; i++) b[Math.floor((b.length * i) / n)]! ^= 0xa5;
+    writeFileSync(file, b);
+  },
+  'cut short': (file) => {
+    const b = readFileSync(file);
+    writeFileSync(file, b.subarray(0, Math.floor(b.length / 2)));
+  },
   removed: (file) => rmSync(file),
 };
 
@@ -49,17 +57,32 @@ interface Probe {
 /** The uses of one checkpoint, each a request whose answer is judged. */
 function probesOf(base: string, client: KeepAliveClient, state: SavedState, trainer: string, c: SavedCheckpoint, file: string): Probe[] {
   const probes: Probe[] = [
-    { what: `download ${file}`, send: async () => { const r = await downloadFile(base, client, c.id, file); return { status: r.status, json: r.json }; } },
+    {
+      what: `download ${file}`,
+      send: async () => {
+        const r = await downloadFile(base, client, c.id, file);
+        return { status: r.status, json: r.json };
+      },
+    },
     { what: 'validate', send: () => client.send('POST', '/v1/loops/checkpoints/validate', { checkpoint_path: c.path }) },
     { what: 'load_state', send: () => client.send('POST', `${trainer}/load_state`, { path: c.path }, { 'idempotency-key': randomUUID() }) },
   ];
   if (c.target === 'trainer') {
     probes.push(
-      { what: 'load_state_with_optimizer', send: () => client.send('POST', `${trainer}/load_state_with_optimizer`, { path: c.path }, { 'idempotency-key': randomUUID() }) },
-      { what: 'a run from it', send: () => client.send('POST', '/v1/loops/runs', { session_id: state.sessionId, base_model: MODEL, lora_rank: 4, path: c.path }) },
+      {
+        what: 'load_state_with_optimizer',
+        send: () => client.send('POST', `${trainer}/load_state_with_optimizer`, { path: c.path }, { 'idempotency-key': randomUUID() }),
+      },
+      {
+        what: 'a run from it',
+        send: () => client.send('POST', '/v1/loops/runs', { session_id: state.sessionId, base_model: MODEL, lora_rank: 4, path: c.path }),
+      },
     );
   } else {
-    probes.push({ what: 'a sampler of it', send: () => client.send('POST', '/v1/loops/samplers', { session_id: state.sessionId, base_model: MODEL, model_path: c.path }) });
+    probes.push({
+      what: 'a sampler of it',
+      send: () => client.send('POST', '/v1/loops/samplers', { session_id: state.sessionId, base_model: MODEL, model_path: c.path }),
+    });
   }
   return probes;
 }
@@ -73,7 +96,9 @@ export async function runCorruptCheckpoint(root: string, options: { damages?: st
     const client = keepAliveClient(server.base, 2);
     try {
       // The probes' trainer: a fresh run of its own (the saving run came back INACTIVE after the restart).
-      const run = (await ok(client, 'POST', '/v1/loops/runs', { session_id: (await ok(client, 'POST', '/v1/loops/sessions')).session.id, base_model: MODEL, lora_rank: 4 })).run;
+      const run = (
+        await ok(client, 'POST', '/v1/loops/runs', { session_id: (await ok(client, 'POST', '/v1/loops/sessions')).session.id, base_model: MODEL, lora_rank: 4 })
+      ).run;
       const trainer = `/trainer/${run.id}`;
       for (const c of state.checkpoints) {
         for (const file of c.files.keys()) {
@@ -89,11 +114,26 @@ export async function runCorruptCheckpoint(root: string, options: { damages?: st
               const res = await probe.send();
               const label = `${c.target} ${file} ${name}, ${probe.what}`;
               const error = res.json?.error;
-              if (res.status === 409 && error?.type_detail === 'checkpoint_damaged' && error.checkpoint_id === c.id && error.relative_file_name === file
-                && typeof error.message === 'string' && error.message.includes(c.path) && error.message.includes(`'${file}'`)) f.refusedClearly++;
-              else if (res.status < 300) { f.accepted++; f.failures.push(`${label}: ${res.status}, used as if whole`); }
-              else if (res.status >= 500) { f.fiveXx++; f.failures.push(`${label}: ${res.status} ${JSON.stringify(res.json).slice(0, 200)}`); }
-              else { f.unclear++; f.failures.push(`${label}: ${res.status} ${JSON.stringify(res.json).slice(0, 200)}`); }
+              if (
+                res.status === 409 &&
+                error?.type_detail === 'checkpoint_damaged' &&
+                error.checkpoint_id === c.id &&
+                error.relative_file_name === file &&
+                typeof error.message === 'string' &&
+                error.message.includes(c.path) &&
+                error.message.includes(`'${file}'`)
+              )
+                f.refusedClearly++;
+              else if (res.status < 300) {
+                f.accepted++;
+                f.failures.push(`${label}: ${res.status}, used as if whole`);
+              } else if (res.status >= 500) {
+                f.fiveXx++;
+                f.failures.push(`${label}: ${res.status} ${JSON.stringify(res.json).slice(0, 200)}`);
+              } else {
+                f.unclear++;
+                f.failures.push(`${label}: ${res.status} ${JSON.stringify(res.json).slice(0, 200)}`);
+              }
             }
             writeFileSync(onDisk, original);
             const download = await downloadFile(server.base, client, c.id, file);
@@ -119,7 +159,12 @@ export async function runCorruptCheckpoint(root: string, options: { damages?: st
 export function corruptCheckpointTargets(f: CorruptCheckpointFigures): { figure: string; value: string; target: string; met: boolean }[] {
   const zero = (figure: string, value: number) => ({ figure, value: String(value), target: '0', met: value === 0 });
   return [
-    { figure: 'corrupt-checkpoint uses refused with a clear 409', value: `${f.refusedClearly} of ${f.probes} (${f.cases} damages)`, target: `${f.probes}`, met: f.probes > 0 && f.refusedClearly === f.probes },
+    {
+      figure: 'corrupt-checkpoint uses refused with a clear 409',
+      value: `${f.refusedClearly} of ${f.probes} (${f.cases} damages)`,
+      target: `${f.probes}`,
+      met: f.probes > 0 && f.refusedClearly === f.probes,
+    },
     zero('corrupt-checkpoint uses answered 2xx', f.accepted),
     zero('corrupt-checkpoint 5xx', f.fiveXx),
     zero('corrupt-checkpoint unclear answers', f.unclear),

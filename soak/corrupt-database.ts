@@ -39,12 +39,38 @@ const DATABASE = 'loops-mock.sqlite';
 /** Each damage, done to a stopped server's data dir. */
 const DAMAGES: Record<string, (dataDir: string, state: SavedState) => void> = {
   deleted: (d) => removeDatabase(d),
-  'empty (0 bytes)': (d) => { removeDatabase(d); writeFileSync(join(d, DATABASE), ''); },
-  'zero-filled': (d) => { const size = statSync(join(d, DATABASE)).size; removeDatabase(d); writeFileSync(join(d, DATABASE), Buffer.alloc(size)); },
-  'garbled header': (d) => { const bytes = readFileSync(join(d, DATABASE)); for (let i = 0; i < 100; i++) bytes[i] = (i * 131 + 7) & 0xff; removeDatabase(d); writeFileSync(join(d, DATABASE), bytes); },
-  'scrambled pages': (d) => { const bytes = readFileSync(join(d, DATABASE)); for (let i = 4096; i < bytes.length; i++) bytes[i] = (bytes[i]! * 7 + 13) & 0xff; removeDatabase(d); writeFileSync(join(d, DATABASE), bytes); },
-  'table-less': (d) => { removeDatabase(d); const db = new Database(join(d, DATABASE)); db.exec('CREATE TABLE unrelated (x); DROP TABLE unrelated;'); db.close(); },
-  'a record that is not JSON': (d, s) => { const db = new Database(join(d, DATABASE)); db.prepare("UPDATE records SET data = '{\"id\":' WHERE kind = 'run' AND id = ?").run(s.runId); db.close(); },
+  'empty (0 bytes)': (d) => {
+    removeDatabase(d);
+    writeFileSync(join(d, DATABASE), '');
+  },
+  'zero-filled': (d) => {
+    const size = statSync(join(d, DATABASE)).size;
+    removeDatabase(d);
+    writeFileSync(join(d, DATABASE), Buffer.alloc(size));
+  },
+  'garbled header': (d) => {
+    const bytes = readFileSync(join(d, DATABASE));
+    for (let i = 0; i < 100; i++) bytes[i] = (i * 131 + 7) & 0xff;
+    removeDatabase(d);
+    writeFileSync(join(d, DATABASE), bytes);
+  },
+  'scrambled pages': (d) => {
+    const bytes = readFileSync(join(d, DATABASE));
+    for (let i = 4096; i < bytes.length; i++) bytes[i] = (bytes[i]! * 7 + 13) & 0xff;
+    removeDatabase(d);
+    writeFileSync(join(d, DATABASE), bytes);
+  },
+  'table-less': (d) => {
+    removeDatabase(d);
+    const db = new Database(join(d, DATABASE));
+    db.exec('CREATE TABLE unrelated (x); DROP TABLE unrelated;');
+    db.close();
+  },
+  'a record that is not JSON': (d, s) => {
+    const db = new Database(join(d, DATABASE));
+    db.prepare("UPDATE records SET data = '{\"id\":' WHERE kind = 'run' AND id = ?").run(s.runId);
+    db.close();
+  },
 };
 
 function removeDatabase(dataDir: string): void {
@@ -58,14 +84,31 @@ async function attemptStart(root: string, args: string[]): Promise<{ code: numbe
   let stderr = '';
   let stdout = '';
   let served = false;
-  child.stderr.on('data', (d) => { stderr += d; });
-  child.stdout.on('data', (d) => { stdout += d; if (!served && stdout.includes(' listening on ')) { served = true; child.kill('SIGTERM'); } });
+  child.stderr.on('data', (d) => {
+    stderr += d;
+  });
+  child.stdout.on('data', (d) => {
+    stdout += d;
+    if (!served && stdout.includes(' listening on ')) {
+      served = true;
+      child.kill('SIGTERM');
+    }
+  });
   const code = await new Promise<number | null>((resolve) => child.once('exit', (c) => resolve(c)));
   return { code, stderr, served };
 }
 
 export async function runCorruptDatabase(root: string, options: { damages?: string[] } = {}): Promise<CorruptDatabaseFigures> {
-  const f: CorruptDatabaseFigures = { cases: 0, refusedClearly: 0, startedAnyway: 0, unclear: 0, filesChanged: 0, rebuildLost: 0, freshFailed: 0, failures: [] };
+  const f: CorruptDatabaseFigures = {
+    cases: 0,
+    refusedClearly: 0,
+    startedAnyway: 0,
+    unclear: 0,
+    filesChanged: 0,
+    rebuildLost: 0,
+    freshFailed: 0,
+    failures: [],
+  };
   const work = mkdtempSync(join(tmpdir(), 'loops-mock-soak-corrupt-db-'));
   try {
     const pristine = join(work, 'pristine');
@@ -81,12 +124,28 @@ export async function runCorruptDatabase(root: string, options: { damages?: stri
       const before = treeHashes(join(dataDir, 'checkpoints'));
       const refused = await attemptStart(root, ['--data-dir', dataDir, ...SERVER_ARGS]);
       const lines = refused.stderr.trimEnd().split('\n');
-      if (refused.served) { f.startedAnyway++; f.failures.push(`${name}: the server started on it`); }
-      else if (refused.code === 2 && lines.length === 1 && lines[0]!.startsWith('loops-mock: ') && lines[0]!.includes(join(dataDir, DATABASE))
-        && lines[0]!.includes('--rebuild-records') && lines[0]!.includes('--data-dir-fresh') && !/\n\s+at |SqliteError|SyntaxError/.test(refused.stderr)) f.refusedClearly++;
-      else { f.unclear++; f.failures.push(`${name}: exit ${refused.code}, stderr ${JSON.stringify(refused.stderr.slice(0, 400))}`); }
+      if (refused.served) {
+        f.startedAnyway++;
+        f.failures.push(`${name}: the server started on it`);
+      } else if (
+        refused.code === 2 &&
+        lines.length === 1 &&
+        lines[0]!.startsWith('loops-mock: ') &&
+        lines[0]!.includes(join(dataDir, DATABASE)) &&
+        lines[0]!.includes('--rebuild-records') &&
+        lines[0]!.includes('--data-dir-fresh') &&
+        !/\n\s+at |SqliteError|SyntaxError/.test(refused.stderr)
+      )
+        f.refusedClearly++;
+      else {
+        f.unclear++;
+        f.failures.push(`${name}: exit ${refused.code}, stderr ${JSON.stringify(refused.stderr.slice(0, 400))}`);
+      }
       const lost = changedFiles(before, treeHashes(join(dataDir, 'checkpoints')));
-      if (lost.length) { f.filesChanged += lost.length; f.failures.push(`${name}: the refused start removed or changed ${lost.join(', ')}`); }
+      if (lost.length) {
+        f.filesChanged += lost.length;
+        f.failures.push(`${name}: the refused start removed or changed ${lost.join(', ')}`);
+      }
 
       // The ways out, each on its own copy of the damaged dir.
       const rebuildDir = `${dataDir}-rebuild`;
@@ -117,7 +176,10 @@ async function checkRebuild(root: string, dataDir: string, state: SavedState, na
       const got = listed.has(c.id) ? await downloadedHashes(server.base, client, c.id) : new Map();
       const whole = [...c.files].every(([file, hash]) => got.get(file) === hash) && got.size === c.files.size;
       const valid = listed.has(c.id) && (await client.send('POST', '/v1/loops/checkpoints/validate', { checkpoint_path: c.path })).status === 200;
-      if (!whole || !valid) { lost++; failures.push(`${name}: after --rebuild-records ${c.path} is ${listed.has(c.id) ? 'not whole' : 'not listed'}`); }
+      if (!whole || !valid) {
+        lost++;
+        failures.push(`${name}: after --rebuild-records ${c.path} is ${listed.has(c.id) ? 'not whole' : 'not listed'}`);
+      }
     }
   } finally {
     client.close();
@@ -140,7 +202,8 @@ async function checkFresh(root: string, dataDir: string, checkpointsBefore: Map<
   try {
     const runs = (await ok(client, 'GET', '/v1/loops/runs')).runs as unknown[];
     const aside = readdirSync(dataDir).filter((n) => n.startsWith('set-aside-'));
-    const missing = aside.length === 1 ? changedFiles(checkpointsBefore, treeHashes(join(dataDir, aside[0]!, 'checkpoints'))) : ['(no single set-aside folder)'];
+    const missing =
+      aside.length === 1 ? changedFiles(checkpointsBefore, treeHashes(join(dataDir, aside[0]!, 'checkpoints'))) : ['(no single set-aside folder)'];
     if (runs.length || missing.length) {
       failures.push(`${name}: --data-dir-fresh ${runs.length ? `started with ${runs.length} runs` : `set aside without ${missing.join(', ')}`}`);
       return false;
@@ -156,7 +219,12 @@ async function checkFresh(root: string, dataDir: string, checkpointsBefore: Map<
 export function corruptDatabaseTargets(f: CorruptDatabaseFigures): { figure: string; value: string; target: string; met: boolean }[] {
   const zero = (figure: string, value: number) => ({ figure, value: String(value), target: '0', met: value === 0 });
   return [
-    { figure: 'corrupt-database starts refused with one clear line', value: `${f.refusedClearly} of ${f.cases}`, target: `${f.cases}`, met: f.cases > 0 && f.refusedClearly === f.cases },
+    {
+      figure: 'corrupt-database starts refused with one clear line',
+      value: `${f.refusedClearly} of ${f.cases}`,
+      target: `${f.cases}`,
+      met: f.cases > 0 && f.refusedClearly === f.cases,
+    },
     zero('corrupt-database starts that served anyway', f.startedAnyway),
     zero('corrupt-database unclear refusals', f.unclear),
     zero('corrupt-database checkpoint files removed or changed', f.filesChanged),

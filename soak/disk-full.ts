@@ -61,13 +61,25 @@ function smallDisk(): SmallDisk {
   const dir = mkdtempSync(join(tmpdir(), 'loops-mock-soak-disk-'));
   try {
     execFileSync('mount', ['-t', 'tmpfs', '-o', `size=${DISK_BYTES}`, 'tmpfs', dir], { stdio: 'pipe' });
-    return { dir, how: 'tmpfs', env: {}, close: () => { execFileSync('umount', ['-l', dir], { stdio: 'pipe' }); rmSync(dir, { recursive: true, force: true }); } };
+    return {
+      dir,
+      how: 'tmpfs',
+      env: {},
+      close: () => {
+        execFileSync('umount', ['-l', dir], { stdio: 'pipe' });
+        rmSync(dir, { recursive: true, force: true });
+      },
+    };
   } catch {
     const preload = new URL('./full-disk-preload.mjs', import.meta.url).pathname;
     return {
       dir,
       how: 'injected (mount refused: soak/full-disk-preload.mjs fills a 20 MB budget)',
-      env: { NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import ${preload}`.trim(), LOOPS_MOCK_SOAK_DISK_BYTES: String(DISK_BYTES), LOOPS_MOCK_SOAK_DISK_FILLER: join(dir, 'filler.bin') },
+      env: {
+        NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import ${preload}`.trim(),
+        LOOPS_MOCK_SOAK_DISK_BYTES: String(DISK_BYTES),
+        LOOPS_MOCK_SOAK_DISK_FILLER: join(dir, 'filler.bin'),
+      },
       close: () => rmSync(dir, { recursive: true, force: true }),
     };
   }
@@ -102,7 +114,20 @@ export async function runDiskFull(root: string, options: { spells?: number } = {
   const spells = options.spells ?? 2;
   const disk = smallDisk();
   const f: DiskFullFigures = {
-    how: disk.how, acknowledged: 0, refusedSaves: 0, spells: 0, serverExits: 0, fiveXx: 0, answered507: 0, unclear507: 0, readsFailed: 0, lost: 0, recovered: false, integrity: 'not checked', finalExit: null, failures: [],
+    how: disk.how,
+    acknowledged: 0,
+    refusedSaves: 0,
+    spells: 0,
+    serverExits: 0,
+    fiveXx: 0,
+    answered507: 0,
+    unclear507: 0,
+    readsFailed: 0,
+    lost: 0,
+    recovered: false,
+    integrity: 'not checked',
+    finalExit: null,
+    failures: [],
   };
   const dataDir = join(disk.dir, 'data');
   const filler = join(disk.dir, 'filler.bin');
@@ -113,7 +138,9 @@ export async function runDiskFull(root: string, options: { spells?: number } = {
   let alive = true;
   try {
     server = await start(root, args, disk.env);
-    void server.exited.then(() => { if (alive) f.serverExits++; });
+    void server.exited.then(() => {
+      if (alive) f.serverExits++;
+    });
     client = keepAliveClient(server.base, 2);
     const c = client;
     /** One request, judged: a 5xx other than a well-formed 507, or a reset, counts. */
@@ -152,7 +179,13 @@ export async function runDiskFull(root: string, options: { spells?: number } = {
     const session = (await send('POST', '/v1/loops/sessions')).json.session.id;
     const run = (await send('POST', '/v1/loops/runs', { session_id: session, base_model: MODEL, lora_rank: 32, max_seq_len: 64 })).json.run;
     const trainer = `/trainer/${run.id}`;
-    const reads = [`/v1/loops/runs/${run.id}`, `/v1/loops/checkpoints?run_id=${run.id}`, `/v1/loops/deployments/${run.deployment_id}/logs`, '/v1/loops/runs', '/healthz'];
+    const reads = [
+      `/v1/loops/runs/${run.id}`,
+      `/v1/loops/checkpoints?run_id=${run.id}`,
+      `/v1/loops/deployments/${run.deployment_id}/logs`,
+      '/v1/loops/runs',
+      '/healthz',
+    ];
     let recoveredEvery = true;
     for (let spell = 0, step = 0; spell < spells; spell++) {
       fill(filler);
@@ -201,7 +234,9 @@ export async function runDiskFull(root: string, options: { spells?: number } = {
     // A restart brings every acknowledged checkpoint back, byte for byte.
     alive = true;
     server = await start(root, args, disk.env);
-    void server.exited.then(() => { if (alive) f.serverExits++; });
+    void server.exited.then(() => {
+      if (alive) f.serverExits++;
+    });
     client = keepAliveClient(server.base, 2);
     for (const [name, files] of acked) {
       let now: Map<string, string> | undefined;
@@ -238,7 +273,12 @@ async function filesOf(base: string, client: KeepAliveClient, runId: string, nam
   for (const file of files.json.presigned_urls) {
     const res = await fetch(file.url.replace(/^https?:\/\/[^/]+/, base));
     if (res.status !== 200) throw new Error(`${name}/${file.relative_file_name}: ${res.status}`);
-    out.set(file.relative_file_name, createHash('sha256').update(Buffer.from(await res.arrayBuffer())).digest('hex'));
+    out.set(
+      file.relative_file_name,
+      createHash('sha256')
+        .update(Buffer.from(await res.arrayBuffer()))
+        .digest('hex'),
+    );
   }
   return out;
 }
@@ -247,7 +287,12 @@ export function diskFullTargets(f: DiskFullFigures): { figure: string; value: st
   const zero = (figure: string, value: number) => ({ figure, value: String(value), target: '0', met: value === 0 });
   return [
     { figure: `disk-full spells (${f.how})`, value: String(f.spells), target: '> 0', met: f.spells > 0 },
-    { figure: 'disk-full saves refused naming the disk', value: String(f.refusedSaves), target: `${f.spells}`, met: f.refusedSaves === f.spells && f.spells > 0 },
+    {
+      figure: 'disk-full saves refused naming the disk',
+      value: String(f.refusedSaves),
+      target: `${f.spells}`,
+      met: f.refusedSaves === f.spells && f.spells > 0,
+    },
     zero('disk-full server exits', f.serverExits),
     zero('disk-full 5xx other than 507, or resets', f.fiveXx),
     zero('disk-full unclear 507 answers', f.unclear507),

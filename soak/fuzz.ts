@@ -89,7 +89,8 @@ type Send = ReturnType<typeof soakClient>['send'];
 
 async function json(send: Send, method: string, path: string, headers: Record<string, string>, body?: unknown): Promise<any> {
   const o = await send(method, path, body === undefined ? undefined : JSON.stringify(body), { ...headers, 'content-type': 'application/json' });
-  if (o.kind !== 'answer' || o.answer.status >= 300) throw new Error(`fuzz setup: ${method} ${path}: ${o.kind === 'answer' ? `${o.answer.status} ${o.answer.text.slice(0, 300)}` : o.kind}`);
+  if (o.kind !== 'answer' || o.answer.status >= 300)
+    throw new Error(`fuzz setup: ${method} ${path}: ${o.kind === 'answer' ? `${o.answer.status} ${o.answer.text.slice(0, 300)}` : o.kind}`);
   return JSON.parse(o.answer.text);
 }
 
@@ -114,8 +115,17 @@ export async function fuzzContext(send: Send, headers: Record<string, string>): 
   const checkpoints = (await json(send, 'GET', `/v1/loops/checkpoints?run_id=${run.id}`, headers)).checkpoints;
   const team = (await json(send, 'GET', '/v1/teams', headers)).teams[0].id;
   return {
-    session, run: run.id, sampler: run.sampler.id, samplerModel: run.sampler.model_id, samplerDeployment: run.sampler.deployment_id,
-    deployment: run.deployment_id, team, checkpoint: checkpoints[0].id, trainerPath: saved.path, samplerPath: published.path, operation: published.operation_id,
+    session,
+    run: run.id,
+    sampler: run.sampler.id,
+    samplerModel: run.sampler.model_id,
+    samplerDeployment: run.sampler.deployment_id,
+    deployment: run.deployment_id,
+    team,
+    checkpoint: checkpoints[0].id,
+    trainerPath: saved.path,
+    samplerPath: published.path,
+    operation: published.operation_id,
   };
 }
 
@@ -132,47 +142,85 @@ function seedBody(route: Route, ctx: FuzzContext, rng: Prng, n: number): unknown
     case 'POST /trainer/{run_id}/forward':
     case 'POST /trainer/{run_id}/forward_backward':
       return { data: [datum(), datum()], loss_fn: 'cross_entropy' };
-    case 'POST /trainer/{run_id}/optim_step': return { adam_params: { learning_rate: 1e-4 } };
+    case 'POST /trainer/{run_id}/optim_step':
+      return { adam_params: { learning_rate: 1e-4 } };
     case 'POST /trainer/{run_id}/save_state':
-    case 'POST /trainer/{run_id}/save_weights_for_sampler': return { name: `soak-${n}` };
+    case 'POST /trainer/{run_id}/save_weights_for_sampler':
+      return { name: `soak-${n}` };
     case 'POST /trainer/{run_id}/load_state':
-    case 'POST /trainer/{run_id}/load_state_with_optimizer': return { path: ctx.trainerPath };
+    case 'POST /trainer/{run_id}/load_state_with_optimizer':
+      return { path: ctx.trainerPath };
     case 'POST /sampler/{sampler_id}/sample':
-      return { prompt: input(tokens(rng)), num_samples: 1, sampling_params: { max_tokens: 3, temperature: chance(rng, 0.5) ? 0 : 1, top_p: chance(rng, 0.5) ? 0.9 : 1 } };
-    case 'POST /sampler/{sampler_id}/compute_logprobs': return { prompt: input(tokens(rng)) };
-    case 'POST /sampler/{sampler_id}/v1/completions': return { prompt: 'Hello', max_tokens: 3 };
-    case 'POST /v1/loops/deployments/{deployment_id}/metrics': return { start_epoch_millis: Date.now() - 60_000, end_epoch_millis: Date.now() };
-    case 'POST /_mock/faults': return { match: { surface: 'sampler' }, action: { status: 503 }, times: 1 };
-    case 'POST /_mock/clock/advance': return { ms: 10 };
-    default: return undefined;
+      return {
+        prompt: input(tokens(rng)),
+        num_samples: 1,
+        sampling_params: { max_tokens: 3, temperature: chance(rng, 0.5) ? 0 : 1, top_p: chance(rng, 0.5) ? 0.9 : 1 },
+      };
+    case 'POST /sampler/{sampler_id}/compute_logprobs':
+      return { prompt: input(tokens(rng)) };
+    case 'POST /sampler/{sampler_id}/v1/completions':
+      return { prompt: 'Hello', max_tokens: 3 };
+    case 'POST /v1/loops/deployments/{deployment_id}/metrics':
+      return { start_epoch_millis: Date.now() - 60_000, end_epoch_millis: Date.now() };
+    case 'POST /_mock/faults':
+      return { match: { surface: 'sampler' }, action: { status: 503 }, times: 1 };
+    case 'POST /_mock/clock/advance':
+      return { ms: 10 };
+    default:
+      return undefined;
   }
 }
 
 function hintsOf(ctx: FuzzContext, rng: Prng, n: number): Hints {
   return {
-    session_id: () => ctx.session, run_id: () => ctx.run, sampler_id: () => ctx.sampler, reuse_from_run_id: () => ctx.run,
-    reuse_from_session_id: () => ctx.session, base_model: () => MODEL, path: () => ctx.trainerPath, model_path: () => ctx.samplerPath,
-    checkpoint_path: () => pick(rng, [ctx.trainerPath, ctx.samplerPath]), tokens: () => tokens(rng), name: () => `soak-${n}`,
-    lora_rank: () => 4, max_seq_len: () => 64, max_tokens: () => 3, num_samples: () => 1,
+    session_id: () => ctx.session,
+    run_id: () => ctx.run,
+    sampler_id: () => ctx.sampler,
+    reuse_from_run_id: () => ctx.run,
+    reuse_from_session_id: () => ctx.session,
+    base_model: () => MODEL,
+    path: () => ctx.trainerPath,
+    model_path: () => ctx.samplerPath,
+    checkpoint_path: () => pick(rng, [ctx.trainerPath, ctx.samplerPath]),
+    tokens: () => tokens(rng),
+    name: () => `soak-${n}`,
+    lora_rank: () => 4,
+    max_seq_len: () => 64,
+    max_tokens: () => 3,
+    num_samples: () => 1,
   };
 }
 
 function paramValue(name: string, ctx: FuzzContext): string {
   switch (name) {
-    case 'run_id': return ctx.run;
-    case 'sampler_id': return ctx.sampler;
-    case 'session_id': return ctx.session;
-    case 'deployment_id': return ctx.deployment;
-    case 'model_id': return ctx.samplerModel;
-    case 'team_id': return ctx.team;
-    case 'checkpoint_id': return ctx.checkpoint;
-    case 'operation_id': return ctx.operation;
-    case 'org': return MODEL.split('/')[0]!;
-    case 'name': return MODEL.split('/')[1]!;
-    case 'revision': return 'main';
-    case 'file_path': return 'config.json';
-    case 'replica': return '0';
-    default: return 'soak-unknown';
+    case 'run_id':
+      return ctx.run;
+    case 'sampler_id':
+      return ctx.sampler;
+    case 'session_id':
+      return ctx.session;
+    case 'deployment_id':
+      return ctx.deployment;
+    case 'model_id':
+      return ctx.samplerModel;
+    case 'team_id':
+      return ctx.team;
+    case 'checkpoint_id':
+      return ctx.checkpoint;
+    case 'operation_id':
+      return ctx.operation;
+    case 'org':
+      return MODEL.split('/')[0]!;
+    case 'name':
+      return MODEL.split('/')[1]!;
+    case 'revision':
+      return 'main';
+    case 'file_path':
+      return 'config.json';
+    case 'replica':
+      return '0';
+    default:
+      return 'soak-unknown';
   }
 }
 
@@ -196,9 +244,28 @@ export interface FuzzCase {
 export function fuzzCase(i: number, seed: string, routes: Route[], ctx: FuzzContext, auth: Record<string, string>, other: Record<string, string>): FuzzCase {
   const rng = new Prng(`${seed}:${i}`);
   if (chance(rng, 0.03)) {
-    const path = pick(rng, ['/v1/loops/nope', '/', '//', '/v1/loops/runs/', '/%5Fmock/faults', '/trainer', '/sampler/x/y/z', '/v1/loops/runs/%zz', '/hf/api/models', '/favicon.ico']);
+    const path = pick(rng, [
+      '/v1/loops/nope',
+      '/',
+      '//',
+      '/v1/loops/runs/',
+      '/%5Fmock/faults',
+      '/trainer',
+      '/sampler/x/y/z',
+      '/v1/loops/runs/%zz',
+      '/hf/api/models',
+      '/favicon.ico',
+    ]);
     // /%5Fmock/faults is the admin API itself where it is served.
-    return { i, kind: 'stray', method: pick(rng, ['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS']), path, family: 'stray', headers: { ...auth }, expect4xx: path !== '/%5Fmock/faults' };
+    return {
+      i,
+      kind: 'stray',
+      method: pick(rng, ['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS']),
+      path,
+      family: 'stray',
+      headers: { ...auth },
+      expect4xx: path !== '/%5Fmock/faults',
+    };
   }
   const route = pick(rng, routes);
   const takesBody = route.method !== 'GET';
@@ -215,7 +282,16 @@ export function fuzzCase(i: number, seed: string, routes: Route[], ctx: FuzzCont
   let text: string | undefined;
   let expect4xx = false;
 
-  const kinds = ['valid', 'value', 'value', 'path', 'query', 'auth', 'headers', ...(takesBody ? ['unknown-field', 'missing-required', 'non-finite', 'bad-json', 'value'] : [])];
+  const kinds = [
+    'valid',
+    'value',
+    'value',
+    'path',
+    'query',
+    'auth',
+    'headers',
+    ...(takesBody ? ['unknown-field', 'missing-required', 'non-finite', 'bad-json', 'value'] : []),
+  ];
   let kind = pick(rng, kinds);
   const strict = !route.body || [route.body, ...(route.body.anyOf ?? [])].filter((s) => s.type === 'object').every((s) => s.additionalProperties === false);
   if (kind === 'missing-required' && !(route.body?.required?.length && body && typeof body === 'object')) kind = 'value';
@@ -237,12 +313,17 @@ export function fuzzCase(i: number, seed: string, routes: Route[], ctx: FuzzCont
       }
       break;
     }
-    case 'path': params[pick(rng, route.params)] = pick(rng, NASTY_IDS); break;
+    case 'path':
+      params[pick(rng, route.params)] = pick(rng, NASTY_IDS);
+      break;
     case 'query': {
       const name = route.query.length ? pick(rng, route.query).name : 'run_id';
       const choice = Math.floor(rng.next() * 4);
       // The Hub mirror takes unknown query parameters as the Hub does (huggingface_hub adds new ones over time).
-      if (choice === 0) { query.zz_unknown = '1'; expect4xx = route.family !== 'hub'; } else if (choice === 1) query[name] = pick(rng, NASTY_IDS);
+      if (choice === 0) {
+        query.zz_unknown = '1';
+        expect4xx = route.family !== 'hub';
+      } else if (choice === 1) query[name] = pick(rng, NASTY_IDS);
       else if (choice === 2) repeated.push([name, 'b'], [name, query[name] ?? 'a']);
       else query[name] = 'x'.repeat(5000);
       break;
@@ -260,7 +341,8 @@ export function fuzzCase(i: number, seed: string, routes: Route[], ctx: FuzzCont
       const choice = Math.floor(rng.next() * 5);
       if (choice === 0) headers['x-min-policy-version'] = pick(rng, ['abc', '-1', '1e400', '99999999999999999999', '']);
       else if (choice === 1) headers['idempotency-key'] = 'i'.repeat(pick(rng, [0, 1, 300, 5000]));
-      else if (choice === 2) headers['content-type'] = pick(rng, ['text/plain', 'application/x-www-form-urlencoded', 'application/json; charset=latin1', 'multipart/form-data']);
+      else if (choice === 2)
+        headers['content-type'] = pick(rng, ['text/plain', 'application/x-www-form-urlencoded', 'application/json; charset=latin1', 'multipart/form-data']);
       else if (choice === 3) headers['x-affinity-key'] = 'a'.repeat(4000);
       else headers['accept-encoding'] = 'gzip, br, zstd, *;q=0';
       break;
@@ -292,7 +374,9 @@ export function fuzzCase(i: number, seed: string, routes: Route[], ctx: FuzzCont
   if (text !== undefined && !headers['content-type']) headers['content-type'] = 'application/json';
   // A raw marker that reached a query or path is sent as the raw text.
   const path = route.template.replace(/\{(\w+)\}/g, (_, p: string) => params[p]!.replace(RAW, raw));
-  const qs = [...Object.entries(query), ...repeated].map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(v.replace(RAW, raw).replace(/[\ud800-\udfff]/g, '?'))}`).join('&');
+  const qs = [...Object.entries(query), ...repeated]
+    .map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(v.replace(RAW, raw).replace(/[\ud800-\udfff]/g, '?'))}`)
+    .join('&');
   return { i, kind, method: route.method, path: qs ? `${path}?${qs}` : path, family: route.family, headers, body: text, expect4xx };
 }
 
@@ -315,7 +399,8 @@ export function record(figures: FuzzFigures, c: FuzzCase, o: Outcome): void {
   const bad = judge(c, o);
   if (!bad) return;
   (figures[bad.figure] as number)++;
-  if (figures.failures.length < 20) figures.failures.push(`case ${c.i} (${c.kind}) ${c.method} ${c.path.slice(0, 160)} body ${(c.body ?? '').slice(0, 200)}: ${bad.reason}`);
+  if (figures.failures.length < 20)
+    figures.failures.push(`case ${c.i} (${c.kind}) ${c.method} ${c.path.slice(0, 160)} body ${(c.body ?? '').slice(0, 200)}: ${bad.reason}`);
 }
 
 export interface FuzzOptions {
@@ -335,16 +420,25 @@ export async function runFuzz(openapi: any, options: FuzzOptions): Promise<FuzzF
   const routes = routesOf(openapi);
   const adminRoutes = routes.filter((r) => r.family === 'admin');
   const mainRoutes = routes.filter((r) => r.family !== 'admin');
-  const adminCases = Math.round(options.cases * adminRoutes.length / routes.length);
+  const adminCases = Math.round((options.cases * adminRoutes.length) / routes.length);
   const figures = emptyFuzzFigures();
   const lanes = options.lanes ?? 3;
 
-  const lane = async (server: FuzzOptions['main'], list: Route[], seed: string, indices: number[], afterCase: (c: FuzzCase, o: Outcome, refresh: () => Promise<void>) => Promise<void>) => {
+  const lane = async (
+    server: FuzzOptions['main'],
+    list: Route[],
+    seed: string,
+    indices: number[],
+    afterCase: (c: FuzzCase, o: Outcome, refresh: () => Promise<void>) => Promise<void>,
+  ) => {
     const client = soakClient(server.base, 1);
     const setup = (h: Record<string, string>) => fuzzContext(client.send, h);
     let ctx = await setup(server.auth);
     let since = 0;
-    const refresh = async () => { ctx = await setup(server.auth); since = 0; };
+    const refresh = async () => {
+      ctx = await setup(server.auth);
+      since = 0;
+    };
     try {
       for (const i of indices) {
         if (++since > 150) await refresh();
@@ -360,25 +454,39 @@ export async function runFuzz(openapi: any, options: FuzzOptions): Promise<FuzzF
   const ok = (o: Outcome) => o.kind === 'answer' && o.answer.status < 300;
   const mainIndices = Array.from({ length: options.cases - adminCases }, (_, i) => i);
   await Promise.all([
-    ...Array.from({ length: lanes }, (_, l) => lane(options.main, mainRoutes, `${options.seed}:main`, mainIndices.filter((i) => i % lanes === l), async (c, o, refresh) => {
-      // A case that stopped the lane's run or sampler leaves the next cases nothing to reach.
-      if (ok(o) && (c.path.includes('deactivate') || c.method === 'DELETE')) await refresh();
-    })),
-    lane(options.admin, adminRoutes, `${options.seed}:admin`, Array.from({ length: adminCases }, (_, i) => i), async (c, o, refresh) => {
-      if (!ok(o) || !MUTATING.has(c.method)) return;
-      const cleaner = soakClient(options.admin.base, 1);
-      try {
-        if (c.path.startsWith('/_mock/faults') || c.path.startsWith('/_mock/progress')) {
-          await cleaner.send('DELETE', '/_mock/faults', undefined, options.admin.auth);
-          await cleaner.send('DELETE', '/_mock/progress', undefined, options.admin.auth);
-        } else if (!c.path.startsWith('/_mock/ui/login')) {
-          await cleaner.send('POST', '/_mock/reset', undefined, options.admin.auth);
-          await refresh();
+    ...Array.from({ length: lanes }, (_, l) =>
+      lane(
+        options.main,
+        mainRoutes,
+        `${options.seed}:main`,
+        mainIndices.filter((i) => i % lanes === l),
+        async (c, o, refresh) => {
+          // A case that stopped the lane's run or sampler leaves the next cases nothing to reach.
+          if (ok(o) && (c.path.includes('deactivate') || c.method === 'DELETE')) await refresh();
+        },
+      ),
+    ),
+    lane(
+      options.admin,
+      adminRoutes,
+      `${options.seed}:admin`,
+      Array.from({ length: adminCases }, (_, i) => i),
+      async (c, o, refresh) => {
+        if (!ok(o) || !MUTATING.has(c.method)) return;
+        const cleaner = soakClient(options.admin.base, 1);
+        try {
+          if (c.path.startsWith('/_mock/faults') || c.path.startsWith('/_mock/progress')) {
+            await cleaner.send('DELETE', '/_mock/faults', undefined, options.admin.auth);
+            await cleaner.send('DELETE', '/_mock/progress', undefined, options.admin.auth);
+          } else if (!c.path.startsWith('/_mock/ui/login')) {
+            await cleaner.send('POST', '/_mock/reset', undefined, options.admin.auth);
+            await refresh();
+          }
+        } finally {
+          cleaner.close();
         }
-      } finally {
-        cleaner.close();
-      }
-    }),
+      },
+    ),
   ]);
   return figures;
 }

@@ -18,14 +18,23 @@ export function soakClient(base: string, sockets: number) {
   const send = (method: string, path: string, body: string | undefined, headers: Record<string, string>): Promise<Outcome> =>
     new Promise((resolve) => {
       let settled = false;
-      const done = (o: Outcome) => { if (!settled) { settled = true; clearTimeout(timer); resolve(o); } };
+      const done = (o: Outcome) => {
+        if (!settled) {
+          settled = true;
+          clearTimeout(timer);
+          resolve(o);
+        }
+      };
       const req = request(`${base}${path}`, { method, agent, headers }, (res) => {
         const chunks: Buffer[] = [];
         res.on('data', (c: Buffer) => chunks.push(c));
         res.on('end', () => done({ kind: 'answer', answer: { status: res.statusCode!, headers: res.headers, text: Buffer.concat(chunks).toString() } }));
         res.on('error', (e) => done({ kind: 'transport', message: e.message }));
       });
-      const timer = setTimeout(() => { done({ kind: 'hang' }); req.destroy(); }, HANG_MS);
+      const timer = setTimeout(() => {
+        done({ kind: 'hang' });
+        req.destroy();
+      }, HANG_MS);
       req.on('error', (e) => done({ kind: 'transport', message: e.message }));
       req.end(body);
     });
@@ -44,7 +53,11 @@ export function errorShapeProblem(status: number, headers: IncomingHttpHeaders, 
   if (!headers['x-loops-mock-version']) return 'no X-Loops-Mock-Version header';
   if (!String(headers['content-type'] ?? '').startsWith('application/json')) return `content-type ${headers['content-type'] ?? 'missing'}`;
   let body: any;
-  try { body = JSON.parse(text); } catch { return 'body is not JSON'; }
+  try {
+    body = JSON.parse(text);
+  } catch {
+    return 'body is not JSON';
+  }
   if (path.startsWith('/model/') && typeof body?.error === 'string' && body.error.length > 0) return null;
   // GraphQL answers a request that is not one with a 400 and GraphQL's own errors list.
   if (path.startsWith('/graphql') && typeof body?.errors?.[0]?.message === 'string') return null;

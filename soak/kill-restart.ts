@@ -87,7 +87,17 @@ async function verify(server: ServerProcess, acked: Acknowledged[], lost: Set<st
 }
 
 export async function runKillRestart(root: string, dataDir: string, kills: number, seed: string): Promise<KillFigures> {
-  const figures: KillFigures = { kills: 0, killsDuringSave: 0, acknowledged: 0, lost: 0, corrupt: 0, orphanFolders: 0, finalExit: null, errors: 0, failures: [] };
+  const figures: KillFigures = {
+    kills: 0,
+    killsDuringSave: 0,
+    acknowledged: 0,
+    lost: 0,
+    corrupt: 0,
+    orphanFolders: 0,
+    finalExit: null,
+    errors: 0,
+    failures: [],
+  };
   const acked: Acknowledged[] = [];
   const lost = new Set<string>();
   const corrupt = new Set<string>();
@@ -114,7 +124,12 @@ export async function runKillRestart(root: string, dataDir: string, kills: numbe
     const duringSave = life % 2 === 1;
     const client = keepAliveClient(server.base, 4);
     let killed = false;
-    const kill = () => { if (!killed) { killed = true; process.kill(server.pid, 'SIGKILL'); } };
+    const kill = () => {
+      if (!killed) {
+        killed = true;
+        process.kill(server.pid, 'SIGKILL');
+      }
+    };
     const killAfterMs = 150 + Math.floor(rng.next() * 900);
     // Counted from the life's first acknowledged save, so that every life has one to check, however slow the machine.
     let timer: ReturnType<typeof setTimeout> | undefined;
@@ -122,7 +137,10 @@ export async function runKillRestart(root: string, dataDir: string, kills: numbe
       session ??= (await client.send('POST', '/v1/loops/sessions')).json.session.id;
       const run = (await client.send('POST', '/v1/loops/runs', { session_id: session, base_model: MODEL, lora_rank: 4, max_seq_len: 64 })).json.run;
       const trainer = `/trainer/${run.id}`;
-      const datum = { model_input: { chunks: [{ type: 'encoded_text', tokens: [11, 12, 13, 14] }] }, loss_fn_inputs: { target_tokens: { data: [12, 13, 14, 15], dtype: 'int64', shape: [4] } } };
+      const datum = {
+        model_input: { chunks: [{ type: 'encoded_text', tokens: [11, 12, 13, 14] }] },
+        loss_fn_inputs: { target_tokens: { data: [12, 13, 14, 15], dtype: 'int64', shape: [4] } },
+      };
       for (let step = 0; ; step++) {
         await op(client, trainer, 'forward_backward', { data: [datum], loss_fn: 'cross_entropy' });
         await op(client, trainer, 'optim_step', { adam_params: { learning_rate: 1e-3 } });
@@ -130,7 +148,14 @@ export async function runKillRestart(root: string, dataDir: string, kills: numbe
         const kind = step % 3 === 2 ? 'save_weights_for_sampler' : 'save_state';
         const saving = op(client, trainer, kind, { name });
         // A kill while the save is queued or being written: it must then be either wholly there or not at all.
-        if (duringSave && step === 1) setTimeout(() => { figures.killsDuringSave++; kill(); }, Math.floor(rng.next() * 25));
+        if (duringSave && step === 1)
+          setTimeout(
+            () => {
+              figures.killsDuringSave++;
+              kill();
+            },
+            Math.floor(rng.next() * 25),
+          );
         await saving;
         const a: Acknowledged = { run: run.id, name, files: null };
         acked.push(a);

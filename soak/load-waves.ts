@@ -30,16 +30,26 @@ async function campaign(base: string, rounds: number, who: number): Promise<void
   const client = keepAliveClient(base, 2);
   try {
     const session = (await ok(client, 'POST', '/v1/loops/sessions')).session.id;
-    const run = (await ok(client, 'POST', '/v1/loops/runs', { session_id: session, base_model: MODEL, lora_rank: 4, max_seq_len: 128, name: `wave-${who}` })).run;
+    const run = (await ok(client, 'POST', '/v1/loops/runs', { session_id: session, base_model: MODEL, lora_rank: 4, max_seq_len: 128, name: `wave-${who}` }))
+      .run;
     const trainer = `/trainer/${run.id}`;
     const tokens = Array.from({ length: 12 }, (_, i) => 100 + ((who * 7 + i) % 500));
-    const datum = { model_input: { chunks: [{ type: 'encoded_text', tokens }] }, loss_fn_inputs: { target_tokens: { data: tokens.map((t) => t + 1), dtype: 'int64', shape: [tokens.length] } } };
+    const datum = {
+      model_input: { chunks: [{ type: 'encoded_text', tokens }] },
+      loss_fn_inputs: { target_tokens: { data: tokens.map((t) => t + 1), dtype: 'int64', shape: [tokens.length] } },
+    };
     for (let r = 0; r < rounds; r++) {
       await op(client, trainer, 'forward_backward', { data: [datum, datum], loss_fn: 'cross_entropy' });
       await op(client, trainer, 'optim_step', { adam_params: { learning_rate: 1e-3 } });
       const published = await op(client, trainer, 'save_weights_for_sampler', { name: `round-${r}` });
       const sampler = `/sampler/${run.sampler.id}`;
-      await ok(client, 'POST', `${sampler}/sample`, { prompt: { chunks: [{ type: 'encoded_text', tokens: tokens.slice(0, 6) }] }, num_samples: 1, sampling_params: { max_tokens: 8, temperature: 1 } }, { 'x-min-policy-version': String(published.policy_version) });
+      await ok(
+        client,
+        'POST',
+        `${sampler}/sample`,
+        { prompt: { chunks: [{ type: 'encoded_text', tokens: tokens.slice(0, 6) }] }, num_samples: 1, sampling_params: { max_tokens: 8, temperature: 1 } },
+        { 'x-min-policy-version': String(published.policy_version) },
+      );
     }
     await ok(client, 'POST', `/v1/loops/runs/${run.id}/deactivate`);
   } finally {

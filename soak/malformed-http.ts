@@ -38,7 +38,8 @@ function templates(key: string): string[] {
 function fixedCases(key: string): string[] {
   const auth = `Authorization: Bearer ${key}${CRLF}`;
   const get = (target: string, extra = '') => `GET ${target} HTTP/1.1${CRLF}Host: localhost${CRLF}${auth}${extra}${CRLF}`;
-  const post = (headers: string, body: string) => `POST /v1/loops/sessions HTTP/1.1${CRLF}Host: localhost${CRLF}${auth}Content-Type: application/json${CRLF}${headers}${CRLF}${body}`;
+  const post = (headers: string, body: string) =>
+    `POST /v1/loops/sessions HTTP/1.1${CRLF}Host: localhost${CRLF}${auth}Content-Type: application/json${CRLF}${headers}${CRLF}${body}`;
   return [
     get('/v1/loops/runs', `Bad header line${CRLF}`),
     post(`Content-Length: abc${CRLF}`, '{}'),
@@ -85,7 +86,11 @@ function mutated(rng: Prng, key: string): string {
   return text;
 }
 
-interface RawAnswer { status: number; headers: Record<string, string>; body: string }
+interface RawAnswer {
+  status: number;
+  headers: Record<string, string>;
+  body: string;
+}
 
 /** The answers in what the server sent: status line, headers, and a Content-Length or chunked body each. */
 export function parseAnswers(bytes: Buffer): RawAnswer[] {
@@ -111,7 +116,10 @@ export function parseAnswers(bytes: Buffer): RawAnswer[] {
         const lineEnd = rest.indexOf('\r\n');
         const size = parseInt(rest.slice(0, lineEnd), 16);
         rest = rest.slice(lineEnd + 2);
-        if (!size) { rest = rest.slice(rest.indexOf('\r\n') + 2); break; }
+        if (!size) {
+          rest = rest.slice(rest.indexOf('\r\n') + 2);
+          break;
+        }
         body += rest.slice(0, size);
         rest = rest.slice(size + 2);
       }
@@ -126,10 +134,16 @@ function exchange(port: number, text: string): Promise<{ bytes: Buffer; hung: bo
   return new Promise((resolve) => {
     const chunks: Buffer[] = [];
     const socket = connect(port, '127.0.0.1', () => socket.end(Buffer.from(text, 'latin1')));
-    const timer = setTimeout(() => { socket.destroy(); resolve({ bytes: Buffer.concat(chunks), hung: true }); }, HANG_MS);
+    const timer = setTimeout(() => {
+      socket.destroy();
+      resolve({ bytes: Buffer.concat(chunks), hung: true });
+    }, HANG_MS);
     socket.on('data', (c: Buffer) => chunks.push(c));
     socket.on('error', () => undefined);
-    socket.on('close', () => { clearTimeout(timer); resolve({ bytes: Buffer.concat(chunks), hung: false }); });
+    socket.on('close', () => {
+      clearTimeout(timer);
+      resolve({ bytes: Buffer.concat(chunks), hung: false });
+    });
   });
 }
 
@@ -146,13 +160,23 @@ export async function runMalformedHttp(port: number, key: string, cases: number,
       const i = next++;
       const { bytes, hung } = await exchange(port, texts[i]!);
       figures.cases++;
-      if (hung) { figures.hangs++; fail(i, 'not closed within 30 s'); continue; }
+      if (hung) {
+        figures.hangs++;
+        fail(i, 'not closed within 30 s');
+        continue;
+      }
       const answers = parseAnswers(bytes);
       if (!answers.length) figures.noAnswer++;
       for (const a of answers) {
-        if (a.status >= 500) { figures.fiveXx++; fail(i, `${a.status} ${a.body.slice(0, 200)}`); }
+        if (a.status >= 500) {
+          figures.fiveXx++;
+          fail(i, `${a.status} ${a.body.slice(0, 200)}`);
+        }
         const shape = errorShapeProblem(a.status, a.headers, a.body);
-        if (shape) { figures.wrongShape++; fail(i, `${a.status}: ${shape}`); }
+        if (shape) {
+          figures.wrongShape++;
+          fail(i, `${a.status}: ${shape}`);
+        }
       }
     }
   };

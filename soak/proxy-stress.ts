@@ -91,7 +91,9 @@ function tunnel(port: number, host: string, ca: string): Promise<string> {
 /** A CONNECT whose client is gone as soon as it is sent. */
 function abortedConnect(port: number): Promise<void> {
   return new Promise((resolve) => {
-    const socket = connect(port, '127.0.0.1', () => socket.write('CONNECT api.baseten.co:443 HTTP/1.1\r\nHost: api.baseten.co:443\r\n\r\n', () => socket.destroy()));
+    const socket = connect(port, '127.0.0.1', () =>
+      socket.write('CONNECT api.baseten.co:443 HTTP/1.1\r\nHost: api.baseten.co:443\r\n\r\n', () => socket.destroy()),
+    );
     socket.on('error', () => resolve());
     socket.once('close', () => resolve());
   });
@@ -158,7 +160,9 @@ function rssMb(pid: number): number | null {
 /** CPU time the server has used, ms (user and system; null where /proc is not there): a figure the machine's load does not move. */
 function cpuMs(pid: number): number | null {
   try {
-    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').replace(/^.*\) /, '').split(' ');
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8')
+      .replace(/^.*\) /, '')
+      .split(' ');
     // utime and stime, fields 14 and 15 of stat (12 and 13 after the name), in clock ticks of 10 ms.
     return (Number(fields[11]) + Number(fields[12])) * 10;
   } catch {
@@ -223,10 +227,19 @@ export async function runProxyStress(root: string, options: ProxyStressOptions):
     // A leaf shown for every name must verify for each of them (the client checked it), and be one certificate.
     for (const fingerprint of leaves) if (!fingerprint) failures.push('a tunnel showed no certificate');
     return {
-      names: options.names, handshakes: 2 * options.names - handshakeResets, handshakeResets,
-      cpuMsPerTunnel: burstCpu === null || options.names === 0 ? null : Math.round((burstCpu / (2 * options.names)) * 100) / 100, distinctLeaves: leaves.size,
-      aborted: options.aborted, fdLimit, directProbes: latencies.length, directFailures,
-      directWorstMs: Math.round(Math.max(0, ...latencies) * 10) / 10, rssFirstMb: rss[0] ?? null, rssSecondMb: rss[1] ?? null, failures,
+      names: options.names,
+      handshakes: 2 * options.names - handshakeResets,
+      handshakeResets,
+      cpuMsPerTunnel: burstCpu === null || options.names === 0 ? null : Math.round((burstCpu / (2 * options.names)) * 100) / 100,
+      distinctLeaves: leaves.size,
+      aborted: options.aborted,
+      fdLimit,
+      directProbes: latencies.length,
+      directFailures,
+      directWorstMs: Math.round(Math.max(0, ...latencies) * 10) / 10,
+      rssFirstMb: rss[0] ?? null,
+      rssSecondMb: rss[1] ?? null,
+      failures,
     };
   } finally {
     server.stop();
@@ -241,12 +254,26 @@ const RSS_GROWTH_MB = 20;
 export function proxyStressTargets(f: ProxyStressFigures): { figure: string; value: string; target: string; met: boolean }[] {
   const growth = f.rssFirstMb === null || f.rssSecondMb === null ? null : f.rssSecondMb - f.rssFirstMb;
   return [
-    { figure: `proxy: direct request worst latency during 2 x (${f.names} new names, ${f.aborted} aborted CONNECTs)`, value: `${f.directWorstMs} ms`, target: '< 1000 ms', met: f.directWorstMs < 1000 },
+    {
+      figure: `proxy: direct request worst latency during 2 x (${f.names} new names, ${f.aborted} aborted CONNECTs)`,
+      value: `${f.directWorstMs} ms`,
+      target: '< 1000 ms',
+      met: f.directWorstMs < 1000,
+    },
     { figure: 'proxy: direct requests failed', value: String(f.directFailures), target: '0', met: f.directFailures === 0 },
     { figure: 'proxy: tunnel handshakes reset or refused', value: `${f.handshakeResets} of ${2 * f.names}`, target: '0', met: f.handshakeResets === 0 },
-    { figure: 'proxy: server CPU per new-name tunnel', value: f.cpuMsPerTunnel === null ? 'n/a (no /proc)' : `${f.cpuMsPerTunnel} ms`, target: '< 5 ms', met: f.cpuMsPerTunnel === null || f.cpuMsPerTunnel < 5 },
+    {
+      figure: 'proxy: server CPU per new-name tunnel',
+      value: f.cpuMsPerTunnel === null ? 'n/a (no /proc)' : `${f.cpuMsPerTunnel} ms`,
+      target: '< 5 ms',
+      met: f.cpuMsPerTunnel === null || f.cpuMsPerTunnel < 5,
+    },
     { figure: 'proxy: leaf certificates shown for the new names', value: String(f.distinctLeaves), target: '1', met: f.distinctLeaves === 1 },
-    { figure: 'proxy: server RSS growth, second round over first', value: growth === null ? 'n/a (no /proc)' : `${growth.toFixed(1)} MB`, target: `< ${RSS_GROWTH_MB} MB`, met: growth === null || growth < RSS_GROWTH_MB },
+    {
+      figure: 'proxy: server RSS growth, second round over first',
+      value: growth === null ? 'n/a (no /proc)' : `${growth.toFixed(1)} MB`,
+      target: `< ${RSS_GROWTH_MB} MB`,
+      met: growth === null || growth < RSS_GROWTH_MB,
+    },
   ];
 }
-

@@ -104,42 +104,81 @@ function cases(l: CaseLimits, maxSeqLen: number): MemoryCase[] {
   const prompt = Math.min(4096, maxSeqLen / 2);
   const maxTokens = Math.min(512, maxSeqLen - prompt);
   const samplesAt = Math.min(128, Math.floor(l.sampledTokens / (prompt + maxTokens)));
-  const sample = (n: number): Send => (s) => answer(s.client, `${s.sampler}/sample`, { prompt: input(tokens(prompt)), num_samples: n, sampling_params: { max_tokens: maxTokens, temperature: 1 }, include_prompt_logprobs: true });
+  const sample =
+    (n: number): Send =>
+    (s) =>
+      answer(s.client, `${s.sampler}/sample`, {
+        prompt: input(tokens(prompt)),
+        num_samples: n,
+        sampling_params: { max_tokens: maxTokens, temperature: 1 },
+        include_prompt_logprobs: true,
+      });
   // The issue's completions: n, 256 tokens, 20 logprobs, echo.
   const completionTokens = Math.min(256, maxSeqLen - prompt);
   const nAt = Math.min(128, Math.floor(l.sampledTokens / (prompt + completionTokens)));
-  const complete = (n: number): Send => (s) => answer(s.client, `${s.sampler}/v1/completions`, { prompt: tokens(prompt), n, max_tokens: completionTokens, logprobs: 20, echo: true });
+  const complete =
+    (n: number): Send =>
+    (s) =>
+      answer(s.client, `${s.sampler}/v1/completions`, { prompt: tokens(prompt), n, max_tokens: completionTokens, logprobs: 20, echo: true });
   // The issue's long batch: datums of the longest sequence, as many as the token limit lets.
-  const datum = (length: number) => ({ model_input: input(tokens(length)), loss_fn_inputs: { target_tokens: { data: tokens(length, 101), dtype: 'int64', shape: [length] } } });
-  const longBatch = (datums: number, extra: number): Send => (s) => operation(s, 'forward_backward', { data: [...Array.from({ length: datums }, () => datum(maxSeqLen)), ...(extra ? [datum(extra)] : [])], loss_fn: 'cross_entropy' });
+  const datum = (length: number) => ({
+    model_input: input(tokens(length)),
+    loss_fn_inputs: { target_tokens: { data: tokens(length, 101), dtype: 'int64', shape: [length] } },
+  });
+  const longBatch =
+    (datums: number, extra: number): Send =>
+    (s) =>
+      operation(s, 'forward_backward', {
+        data: [...Array.from({ length: datums }, () => datum(maxSeqLen)), ...(extra ? [datum(extra)] : [])],
+        loss_fn: 'cross_entropy',
+      });
   const longAt = Math.floor(l.batchTokens / maxSeqLen);
   // One-token datums, as many as the position limit lets (each datum is at least one position).
-  const oneToken = (n: number): Send => (s) => operation(s, 'forward_backward', { data: Array.from({ length: n }, () => datum(1)), loss_fn: 'cross_entropy' });
+  const oneToken =
+    (n: number): Send =>
+    (s) =>
+      operation(s, 'forward_backward', { data: Array.from({ length: n }, () => datum(1)), loss_fn: 'cross_entropy' });
   // A burst of the largest bodies at the advertised concurrency: each a forward too long for the run (a 400 each).
-  const burst = (bytes: number): Send => async (s) => {
-    const ids = Math.floor(bytes / 6);
-    const text = JSON.stringify({ data: [{ model_input: input(tokens(ids, 10_000)) }], loss_fn: 'cross_entropy' });
-    const raw = soakClient(s.base, l.concurrency);
-    try {
-      const headers = { authorization: `Bearer ${BENCH_KEY}`, 'content-type': 'application/json' };
-      const outcomes = await Promise.all(Array.from({ length: l.concurrency }, async () => {
-        const o = await raw.send('POST', `${s.trainer}/forward`, text, headers);
-        return o.kind === 'answer' ? String(o.answer.status) : o.kind;
-      }));
-      const counts = new Map<string, number>();
-      for (const o of outcomes) counts.set(o, (counts.get(o) ?? 0) + 1);
-      return [...counts].map(([o, n]) => `${n} x ${o}`).join(', ');
-    } finally {
-      raw.close();
-    }
-  };
+  const burst =
+    (bytes: number): Send =>
+    async (s) => {
+      const ids = Math.floor(bytes / 6);
+      const text = JSON.stringify({ data: [{ model_input: input(tokens(ids, 10_000)) }], loss_fn: 'cross_entropy' });
+      const raw = soakClient(s.base, l.concurrency);
+      try {
+        const headers = { authorization: `Bearer ${BENCH_KEY}`, 'content-type': 'application/json' };
+        const outcomes = await Promise.all(
+          Array.from({ length: l.concurrency }, async () => {
+            const o = await raw.send('POST', `${s.trainer}/forward`, text, headers);
+            return o.kind === 'answer' ? String(o.answer.status) : o.kind;
+          }),
+        );
+        const counts = new Map<string, number>();
+        for (const o of outcomes) counts.set(o, (counts.get(o) ?? 0) + 1);
+        return [...counts].map(([o, n]) => `${n} x ${o}`).join(', ');
+      } finally {
+        raw.close();
+      }
+    };
   return [
     { name: 'sample at max_sampled_tokens', expect: 'accepted', flag: 'max-sampled-tokens', rank: 4, send: sample(samplesAt) },
     { name: 'sample one sample over', expect: 'refused', flag: 'max-sampled-tokens', rank: 4, send: sample(samplesAt + 1) },
     { name: 'completions at max_sampled_tokens', expect: 'accepted', flag: 'max-sampled-tokens', rank: 4, send: complete(nAt) },
     { name: 'completions one over', expect: 'refused', flag: 'max-sampled-tokens', rank: 4, send: complete(nAt + 1) },
-    { name: 'forward_backward at max_batch_tokens, rank 128', expect: 'accepted', flag: 'max-batch-tokens', rank: 128, send: longBatch(longAt, l.batchTokens - longAt * maxSeqLen) },
-    { name: 'forward_backward one token over', expect: 'refused', flag: 'max-batch-tokens', rank: 128, send: longBatch(longAt, l.batchTokens - longAt * maxSeqLen + 1) },
+    {
+      name: 'forward_backward at max_batch_tokens, rank 128',
+      expect: 'accepted',
+      flag: 'max-batch-tokens',
+      rank: 128,
+      send: longBatch(longAt, l.batchTokens - longAt * maxSeqLen),
+    },
+    {
+      name: 'forward_backward one token over',
+      expect: 'refused',
+      flag: 'max-batch-tokens',
+      rank: 128,
+      send: longBatch(longAt, l.batchTokens - longAt * maxSeqLen + 1),
+    },
     { name: 'forward_backward of one-token datums at max_batch_tokens', expect: 'accepted', flag: 'max-batch-tokens', rank: 4, send: oneToken(l.batchTokens) },
     { name: 'forward_backward one datum over', expect: 'refused', flag: 'max-batch-tokens', rank: 4, send: oneToken(l.batchTokens + 1) },
     // Each a 400 (too long) or a 503 (the bodies held at once are bounded); none may take the server past the target.
@@ -161,7 +200,15 @@ export async function runRequestMemory(root: string, options: RequestMemoryOptio
     const client = keepAliveClient(server.base, Math.max(2, options.limits.concurrency));
     try {
       const session = (await ok(client, 'POST', '/v1/loops/sessions')).session.id;
-      const run = (await ok(client, 'POST', '/v1/loops/runs', { session_id: session, base_model: MODEL, lora_rank: c.rank, max_seq_len: maxSeqLen, name: 'request-memory' })).run;
+      const run = (
+        await ok(client, 'POST', '/v1/loops/runs', {
+          session_id: session,
+          base_model: MODEL,
+          lora_rank: c.rank,
+          max_seq_len: maxSeqLen,
+          name: 'request-memory',
+        })
+      ).run;
       const setup = { base: server.base, client, trainer: `/trainer/${run.id}`, sampler: `/sampler/${run.sampler.id}` };
       const beforeMb = residentBytes(server.pid) / 2 ** 20;
       const started = performance.now();
@@ -170,10 +217,14 @@ export async function runRequestMemory(root: string, options: RequestMemoryOptio
       const peakMb = residentBytes(server.pid, 'VmHWM') / 2 ** 20;
       await new Promise((r) => setTimeout(r, options.settleMs ?? 3000));
       const afterMb = residentBytes(server.pid) / 2 ** 20;
-      const asExpected = c.expect === 'accepted'
-        ? outcome === '200' || outcome === 'done'
-        : c.name.includes('concurrent') ? /^(\d+ x (400|503)(, )?)+$/.test(outcome) : outcome.startsWith('400') && outcome.includes(c.flag);
-      if (!asExpected) failures.push(`${c.name}: expected ${c.expect === 'accepted' ? 'it carried out' : `a 400 naming --${c.flag}`}, got ${outcome.slice(0, 300)}`);
+      const asExpected =
+        c.expect === 'accepted'
+          ? outcome === '200' || outcome === 'done'
+          : c.name.includes('concurrent')
+            ? /^(\d+ x (400|503)(, )?)+$/.test(outcome)
+            : outcome.startsWith('400') && outcome.includes(c.flag);
+      if (!asExpected)
+        failures.push(`${c.name}: expected ${c.expect === 'accepted' ? 'it carried out' : `a 400 naming --${c.flag}`}, got ${outcome.slice(0, 300)}`);
       figures.push({ case: c.name, expect: c.expect, outcome: outcome.slice(0, 200), asExpected, beforeMb, peakMb, afterMb, seconds });
     } catch (err) {
       failures.push(`${c.name}: ${(err as Error).message}`);
@@ -189,8 +240,18 @@ export async function runRequestMemory(root: string, options: RequestMemoryOptio
 /** One row per case: its peak beside the 2 GB target, and whether it was carried out or refused as it should be. */
 export function requestMemoryTargets(f: RequestMemoryFigures): { figure: string; value: string; target: string; met: boolean }[] {
   return f.cases.flatMap((c) => [
-    { figure: `request memory: ${c.case}: peak RSS`, value: `${c.peakMb.toFixed(0)} MB (${c.afterMb.toFixed(0)} MB ${((c.afterMb - c.beforeMb)).toFixed(0)} MB over before, after)`, target: `<= ${PEAK_TARGET_MB} MB`, met: c.peakMb <= PEAK_TARGET_MB },
-    { figure: `request memory: ${c.case}: outcome`, value: c.outcome.slice(0, 80), target: c.expect === 'accepted' ? 'carried out' : '400 naming the limit', met: c.asExpected },
+    {
+      figure: `request memory: ${c.case}: peak RSS`,
+      value: `${c.peakMb.toFixed(0)} MB (${c.afterMb.toFixed(0)} MB ${(c.afterMb - c.beforeMb).toFixed(0)} MB over before, after)`,
+      target: `<= ${PEAK_TARGET_MB} MB`,
+      met: c.peakMb <= PEAK_TARGET_MB,
+    },
+    {
+      figure: `request memory: ${c.case}: outcome`,
+      value: c.outcome.slice(0, 80),
+      target: c.expect === 'accepted' ? 'carried out' : '400 naming the limit',
+      met: c.asExpected,
+    },
   ]);
 }
 
@@ -198,7 +259,11 @@ export function requestMemoryTargets(f: RequestMemoryFigures): { figure: string;
 if (import.meta.url === `file://${process.argv[1]}`) {
   const root = process.env.LOOPS_MOCK_ROOT ?? new URL('..', import.meta.url).pathname;
   const limits = JSON.parse(process.env.REQUEST_MEMORY_LIMITS ?? '{}') as Partial<CaseLimits>;
-  const f = await runRequestMemory(root, { limits: { ...REQUEST_MEMORY_DEFAULTS, ...limits }, only: process.argv.slice(2).length ? process.argv.slice(2) : undefined, serverArgs: (process.env.REQUEST_MEMORY_ARGS ?? '').split(' ').filter(Boolean) });
+  const f = await runRequestMemory(root, {
+    limits: { ...REQUEST_MEMORY_DEFAULTS, ...limits },
+    only: process.argv.slice(2).length ? process.argv.slice(2) : undefined,
+    serverArgs: (process.env.REQUEST_MEMORY_ARGS ?? '').split(' ').filter(Boolean),
+  });
   const out = JSON.stringify(f, null, 1);
   if (process.env.REQUEST_MEMORY_OUT) writeFileSync(process.env.REQUEST_MEMORY_OUT, out);
   console.log(out);

@@ -24,7 +24,9 @@ try {
     },
   }).values;
 } catch (e) {
-  console.error(`soak: ${(e as Error).message}\nusage: npm run soak -- [--seed S] [--cases N] [--raw-cases N] [--kills N] [--waves 10,25,50] [--proxy-names N] [--proxy-aborted N] [--no-machine-cases] [--json]`);
+  console.error(
+    `soak: ${(e as Error).message}\nusage: npm run soak -- [--seed S] [--cases N] [--raw-cases N] [--kills N] [--waves 10,25,50] [--proxy-names N] [--proxy-aborted N] [--no-machine-cases] [--json]`,
+  );
   process.exit(2);
 }
 const whole = (name: string, text: string, min: number): number => {
@@ -54,14 +56,20 @@ if (flags.json) {
   console.log(`soak: seed '${report.options.seed}', ${report.seconds.toFixed(0)} s`);
   console.log(`fuzz: ${report.fuzz.cases} cases by family ${JSON.stringify(report.fuzz.byFamily)}; answers by status ${JSON.stringify(report.fuzz.byStatus)}`);
   console.log(`malformed HTTP: ${report.raw.cases} cases, ${report.raw.noAnswer} closed without an answer (cut off by the half-close)`);
-  for (const w of report.load.waves) console.log(`load: wave of ${w.clients} clients x ${w.rounds} rounds in ${w.seconds.toFixed(1)} s, ${w.errors} errors, RSS after ${w.rssMb.toFixed(0)} MB`);
+  for (const w of report.load.waves)
+    console.log(`load: wave of ${w.clients} clients x ${w.rounds} rounds in ${w.seconds.toFixed(1)} s, ${w.errors} errors, RSS after ${w.rssMb.toFixed(0)} MB`);
   for (const r of rows) console.log(`${r.met ? 'ok  ' : 'MISS'} ${r.figure}: ${r.value} (target ${r.target})`);
   if (report.machine) {
     const m = report.machine;
-    console.log(`disk full: ${m.diskFull.how}; ${m.diskFull.spells} full spells, ${m.diskFull.acknowledged} checkpoints acknowledged, ${m.diskFull.answered507} answers 507`);
-    console.log(`corrupt database: ${m.corruptDatabase.cases} damages; corrupt checkpoint: ${m.corruptCheckpoint.cases} damages, ${m.corruptCheckpoint.probes} uses of them`);
+    console.log(
+      `disk full: ${m.diskFull.how}; ${m.diskFull.spells} full spells, ${m.diskFull.acknowledged} checkpoints acknowledged, ${m.diskFull.answered507} answers 507`,
+    );
+    console.log(
+      `corrupt database: ${m.corruptDatabase.cases} damages; corrupt checkpoint: ${m.corruptCheckpoint.cases} damages, ${m.corruptCheckpoint.probes} uses of them`,
+    );
     console.log(`proxy: ${m.proxy.names} new names x 2 rounds, ${m.proxy.aborted} aborted CONNECTs a round, fd limit ${m.proxy.fdLimit}`);
-    for (const c of m.requestMemory.cases) console.log(`request memory: ${c.case} (${c.expect}): ${c.outcome}, peak ${c.peakMb.toFixed(0)} MB, ${c.afterMb.toFixed(0)} MB after`);
+    for (const c of m.requestMemory.cases)
+      console.log(`request memory: ${c.case} (${c.expect}): ${c.outcome}, peak ${c.peakMb.toFixed(0)} MB, ${c.afterMb.toFixed(0)} MB after`);
   }
   for (const f of failuresOf(report)) console.log(`  ${f}`);
 }

@@ -32,7 +32,12 @@ export async function downloadFile(base: string, client: KeepAliveClient, id: st
   const res = await fetch(`${base}${url.replace(/^https?:\/\/[^/]+/, '')}`);
   const bytes = Buffer.from(await res.arrayBuffer());
   let json: any = null;
-  if (res.status !== 200) try { json = JSON.parse(bytes.toString()); } catch { /* judged by the caller */ }
+  if (res.status !== 200)
+    try {
+      json = JSON.parse(bytes.toString());
+    } catch {
+      /* judged by the caller */
+    }
   return { status: res.status, bytes, json };
 }
 

@@ -90,30 +90,54 @@ const LONG = 'x'.repeat(20_000);
 /** Values that have broken servers before: wrong types, extremes, odd text, deep and wide structures, huge arrays. */
 export function nastyValue(rng: Prng): unknown {
   switch (Math.floor(rng.next() * 24)) {
-    case 0: return -1;
-    case 1: return 0;
-    case 2: return 2 ** 31;
-    case 3: return 2 ** 53 + 2;
-    case 4: return -(2 ** 63);
-    case 5: return 1.5;
-    case 6: return 1e308;
-    case 7: return 5e-324;
-    case 8: return '';
-    case 9: return LONG;
-    case 10: return '\u0000\ud800 \u202e';
-    case 11: return '../../../etc/passwd';
-    case 12: return 'bt://loops:../weights/../../x';
-    case 13: return true;
-    case 14: return null;
-    case 15: return [];
-    case 16: return {};
-    case 17: return JSON.parse('{"__proto__": {"polluted": 1}, "constructor": {"prototype": {}}}');
-    case 18: return Array.from({ length: 120_000 }, (_, i) => i % 1000);
-    case 19: return Object.fromEntries(Array.from({ length: 2000 }, (_, i) => [`k${i}`, i]));
-    case 20: return 'NaN';
-    case 21: return [1e39, -1e39];
-    case 22: return RAW;
-    default: return 2 ** 70;
+    case 0:
+      return -1;
+    case 1:
+      return 0;
+    case 2:
+      return 2 ** 31;
+    case 3:
+      return 2 ** 53 + 2;
+    case 4:
+      return -(2 ** 63);
+    case 5:
+      return 1.5;
+    case 6:
+      return 1e308;
+    case 7:
+      return 5e-324;
+    case 8:
+      return '';
+    case 9:
+      return LONG;
+    case 10:
+      return '\u0000\ud800 \u202e';
+    case 11:
+      return '../../../etc/passwd';
+    case 12:
+      return 'bt://loops:../weights/../../x';
+    case 13:
+      return true;
+    case 14:
+      return null;
+    case 15:
+      return [];
+    case 16:
+      return {};
+    case 17:
+      return JSON.parse('{"__proto__": {"polluted": 1}, "constructor": {"prototype": {}}}');
+    case 18:
+      return Array.from({ length: 120_000 }, (_, i) => i % 1000);
+    case 19:
+      return Object.fromEntries(Array.from({ length: 2000 }, (_, i) => [`k${i}`, i]));
+    case 20:
+      return 'NaN';
+    case 21:
+      return [1e39, -1e39];
+    case 22:
+      return RAW;
+    default:
+      return 2 ** 70;
   }
 }
 

@@ -70,7 +70,11 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
       seed: options.seed,
       main: { base: main.base, auth: { authorization: `Bearer ${BENCH_KEY}` }, other: { authorization: 'Bearer soak-other' } },
       // The admin API refuses a change without X-Loops-Mock-Admin (CSRF): the fuzz's valid admin cases carry it.
-      admin: { base: admin.base, auth: { authorization: 'Bearer soak-admin', 'x-loops-mock-admin': '1' }, other: { authorization: 'Bearer not-the-admin-token' } },
+      admin: {
+        base: admin.base,
+        auth: { authorization: 'Bearer soak-admin', 'x-loops-mock-admin': '1' },
+        other: { authorization: 'Bearer not-the-admin-token' },
+      },
     });
     raw = await runMalformedHttp(Number(new URL(main.base).port), BENCH_KEY, options.rawCases, options.seed);
   } finally {
@@ -106,7 +110,9 @@ async function runMachineCases(options: SoakOptions): Promise<MachineFigures> {
 /** Every failure a case recorded, for the report. */
 export function failuresOf(r: SoakReport): string[] {
   const m = r.machine;
-  const machine = m ? [...m.diskFull.failures, ...m.corruptDatabase.failures, ...m.corruptCheckpoint.failures, ...m.proxy.failures, ...m.requestMemory.failures] : [];
+  const machine = m
+    ? [...m.diskFull.failures, ...m.corruptDatabase.failures, ...m.corruptCheckpoint.failures, ...m.proxy.failures, ...m.requestMemory.failures]
+    : [];
   return [...r.fuzz.failures, ...r.raw.failures, ...r.kills.failures, ...r.load.failures, ...machine];
 }
 
@@ -123,19 +129,34 @@ export function targetsOf(r: SoakReport): { figure: string; value: string; targe
     zero('malformed HTTP 5xx', r.raw.fiveXx),
     zero('malformed HTTP wrongly shaped errors', r.raw.wrongShape),
     zero('malformed HTTP hangs over 30 s', r.raw.hangs),
-    { figure: 'kills', value: `${r.kills.kills} (${r.kills.killsDuringSave} during saves)`, target: `${r.options.kills}`, met: r.kills.kills === r.options.kills },
+    {
+      figure: 'kills',
+      value: `${r.kills.kills} (${r.kills.killsDuringSave} during saves)`,
+      target: `${r.options.kills}`,
+      met: r.kills.kills === r.options.kills,
+    },
     { figure: 'checkpoints acknowledged', value: String(r.kills.acknowledged), target: '> 0', met: r.kills.acknowledged > 0 },
     zero('checkpoints lost', r.kills.lost),
     zero('checkpoints corrupt', r.kills.corrupt),
     zero('checkpoint folders without a record', r.kills.orphanFolders),
     zero('requests failing before a kill', r.kills.errors),
     { figure: 'graceful stop exit status', value: String(r.kills.finalExit), target: '0', met: r.kills.finalExit === 0 },
-    zero('load client errors', r.load.waves.reduce((n, w) => n + w.errors, 0)),
+    zero(
+      'load client errors',
+      r.load.waves.reduce((n, w) => n + w.errors, 0),
+    ),
   ];
-  if (r.load.waves.length > 1) rows.push({ figure: 'RSS after the last wave / after the first', value: r.load.rssGrowth.toFixed(2), target: '<= 1.10', met: r.load.rssGrowth <= 1.1 });
+  if (r.load.waves.length > 1)
+    rows.push({ figure: 'RSS after the last wave / after the first', value: r.load.rssGrowth.toFixed(2), target: '<= 1.10', met: r.load.rssGrowth <= 1.1 });
   if (r.machine) {
     const m = r.machine;
-    rows.push(...diskFullTargets(m.diskFull), ...corruptDatabaseTargets(m.corruptDatabase), ...corruptCheckpointTargets(m.corruptCheckpoint), ...proxyStressTargets(m.proxy), ...requestMemoryTargets(m.requestMemory));
+    rows.push(
+      ...diskFullTargets(m.diskFull),
+      ...corruptDatabaseTargets(m.corruptDatabase),
+      ...corruptCheckpointTargets(m.corruptCheckpoint),
+      ...proxyStressTargets(m.proxy),
+      ...requestMemoryTargets(m.requestMemory),
+    );
   }
   return rows;
 }

@@ -15,7 +15,11 @@ const DRIVER = `python3 ${join(ROOT, 'conformance/drivers/python/driver.py')}`;
 const engines = new EnginePool();
 afterAll(() => engines.close());
 
-const failedChecks = (r: CaseReport) => r.results.filter((x) => x.result.verdict === 'FAIL').map((x) => x.check.id).sort();
+const failedChecks = (r: CaseReport) =>
+  r.results
+    .filter((x) => x.result.verdict === 'FAIL')
+    .map((x) => x.check.id)
+    .sort();
 const explain = (r: CaseReport) => textReport([r]);
 
 describe('the reference Python driver', () => {
@@ -26,37 +30,41 @@ describe('the reference Python driver', () => {
     expect(cases.length).toBeGreaterThanOrEqual(14);
   });
 
-  it.each(cases.map((c) => [`${c.scenario}/${c.task}`, c] as [string, CaseSpec]))('passes %s', async (_name, spec) => {
-    const report = await runCase(spec, { client: DRIVER, timeoutS: 90, engines });
-    expect(failedChecks(report), explain(report)).toEqual([]);
-    // Each scenario's hard case is really met, not skipped.
-    const verdict = (id: string) => report.results.find((x) => x.check.id === id)!.result.verdict;
-    const exercised: Record<string, string[]> = {
-      'lagging-replica': ['FLOOR-2', 'FLOOR-3', 'RATIO-1'],
-      'lost-operation': ['IDEM-2'],
-      'dropped-submit': ['IDEM-2'],
-      'long-operations': ['POLL-1'],
-      'user-error': ['ERR-1'],
-      'sampling-backpressure': ['RATE-1'],
-      'shutdown-mid-run': ['SHUT-1'],
-      'flaky-network': ['SHUT-1'],
-      'slow-model-deploy': ['DEPLOY-1', 'DEPLOY-2', 'DEPLOY-3'],
-    };
-    for (const id of exercised[spec.scenario] ?? []) expect(verdict(id), `${id} in ${spec.scenario}`).toBe('PASS');
-    // The deployed checkpoint answered the chat, with true token counts.
-    if (spec.task === 'deploy-chat') {
-      expect(typeof report.output!.answer).toBe('string');
-      expect((report.output!.usage as { completion_tokens: number }).completion_tokens).toBeGreaterThan(0);
-    }
-    // The RL guide's datums, built from the sampler's own answers: the trainer sees no divergence from the sampler.
-    if (spec.task === 'rl-guide-step') {
-      expect(verdict('RATIO-1')).toBe('PASS');
-      for (const d of report.output!.divergence as { ratio_mean: number; kl_sampler_trainer: number }[]) {
-        expect(Math.abs(d.ratio_mean - 1)).toBeLessThan(1e-3);
-        expect(Math.abs(d.kl_sampler_trainer)).toBeLessThan(1e-4);
+  it.each(cases.map((c) => [`${c.scenario}/${c.task}`, c] as [string, CaseSpec]))(
+    'passes %s',
+    async (_name, spec) => {
+      const report = await runCase(spec, { client: DRIVER, timeoutS: 90, engines });
+      expect(failedChecks(report), explain(report)).toEqual([]);
+      // Each scenario's hard case is really met, not skipped.
+      const verdict = (id: string) => report.results.find((x) => x.check.id === id)!.result.verdict;
+      const exercised: Record<string, string[]> = {
+        'lagging-replica': ['FLOOR-2', 'FLOOR-3', 'RATIO-1'],
+        'lost-operation': ['IDEM-2'],
+        'dropped-submit': ['IDEM-2'],
+        'long-operations': ['POLL-1'],
+        'user-error': ['ERR-1'],
+        'sampling-backpressure': ['RATE-1'],
+        'shutdown-mid-run': ['SHUT-1'],
+        'flaky-network': ['SHUT-1'],
+        'slow-model-deploy': ['DEPLOY-1', 'DEPLOY-2', 'DEPLOY-3'],
+      };
+      for (const id of exercised[spec.scenario] ?? []) expect(verdict(id), `${id} in ${spec.scenario}`).toBe('PASS');
+      // The deployed checkpoint answered the chat, with true token counts.
+      if (spec.task === 'deploy-chat') {
+        expect(typeof report.output!.answer).toBe('string');
+        expect((report.output!.usage as { completion_tokens: number }).completion_tokens).toBeGreaterThan(0);
       }
-    }
-  }, 120_000);
+      // The RL guide's datums, built from the sampler's own answers: the trainer sees no divergence from the sampler.
+      if (spec.task === 'rl-guide-step') {
+        expect(verdict('RATIO-1')).toBe('PASS');
+        for (const d of report.output!.divergence as { ratio_mean: number; kl_sampler_trainer: number }[]) {
+          expect(Math.abs(d.ratio_mean - 1)).toBeLessThan(1e-3);
+          expect(Math.abs(d.kl_sampler_trainer)).toBeLessThan(1e-4);
+        }
+      }
+    },
+    120_000,
+  );
 });
 
 describe('the reference driver behind the proxy (no LOOPS_BASE_URL: https://api.baseten.co, HTTPS_PROXY and the CA)', () => {
@@ -66,12 +74,16 @@ describe('the reference driver behind the proxy (no LOOPS_BASE_URL: https://api.
     { scenario: 'lagging-replica', task: 'rl-step', expect: 'ok' },
     { scenario: 'flaky-network', task: 'sft-round', expect: 'ok' },
   ];
-  it.each(proxied.map((c) => [`${c.scenario}/${c.task}`, c] as [string, CaseSpec]))('passes %s with the checks read as in direct mode', async (_name, spec) => {
-    const report = await runCase(spec, { client: DRIVER, timeoutS: 90, engines, proxy: { caDir } });
-    expect(failedChecks(report), explain(report)).toEqual([]);
-    expect(report.results.find((x) => x.check.id === 'DONE-1')!.result.verdict).toBe('PASS');
-    if (spec.scenario === 'lagging-replica') expect(report.results.find((x) => x.check.id === 'RATIO-1')!.result.verdict).toBe('PASS');
-  }, 120_000);
+  it.each(proxied.map((c) => [`${c.scenario}/${c.task}`, c] as [string, CaseSpec]))(
+    'passes %s with the checks read as in direct mode',
+    async (_name, spec) => {
+      const report = await runCase(spec, { client: DRIVER, timeoutS: 90, engines, proxy: { caDir } });
+      expect(failedChecks(report), explain(report)).toEqual([]);
+      expect(report.results.find((x) => x.check.id === 'DONE-1')!.result.verdict).toBe('PASS');
+      if (spec.scenario === 'lagging-replica') expect(report.results.find((x) => x.check.id === 'RATIO-1')!.result.verdict).toBe('PASS');
+    },
+    120_000,
+  );
 });
 
 /** Each broken variant, the case that exposes it, and exactly the checks it must fail. */
@@ -90,17 +102,33 @@ const BROKEN: [string, CaseSpec, string[], number?][] = [
 
 describe('broken variants of the driver', () => {
   it.each(BROKEN.map(([variant, spec, fails, timeout]) => [`${variant} in ${spec.scenario}/${spec.task}`, variant, spec, fails, timeout] as const))(
-    'fail exactly their checks: %s', async (_name, variant, spec, fails, timeout) => {
+    'fail exactly their checks: %s',
+    async (_name, variant, spec, fails, timeout) => {
       const report = await runCase(spec, { client: `${DRIVER} --broken ${variant}`, timeoutS: timeout ?? 90, engines });
       expect(failedChecks(report), explain(report)).toEqual([...fails].sort());
       expect(mustFailed([report])).toBe(true);
-    }, 120_000);
+    },
+    120_000,
+  );
 });
 
 describe('reports', () => {
   const fake = (verdicts: Record<string, 'PASS' | 'FAIL' | 'SKIP'>): CaseReport => ({
-    scenario: 'baseline', task: 'sft-round', expect: 'ok', durationMs: 1234, exitCode: 0, timedOut: false, output: null,
-    results: CHECKS.map((check) => ({ check, result: { verdict: verdicts[check.id] ?? 'PASS', reason: verdicts[check.id] === 'FAIL' ? 'because <reasons> & more' : undefined, evidence: ['#3 GET /x -> 404'] } })),
+    scenario: 'baseline',
+    task: 'sft-round',
+    expect: 'ok',
+    durationMs: 1234,
+    exitCode: 0,
+    timedOut: false,
+    output: null,
+    results: CHECKS.map((check) => ({
+      check,
+      result: {
+        verdict: verdicts[check.id] ?? 'PASS',
+        reason: verdicts[check.id] === 'FAIL' ? 'because <reasons> & more' : undefined,
+        evidence: ['#3 GET /x -> 404'],
+      },
+    })),
   });
 
   it('prints a table, writes JUnit XML and JSON, and only MUST failures fail the run', () => {

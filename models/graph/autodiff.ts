@@ -134,7 +134,12 @@ export function backprop(g: GraphBuilder, seeds: [y: Sym, dy: Sym][], wrt: Sym[]
     }
     const rule = RULES[node.op];
     if (!rule) throw new Error(`no backward rule for ${node.op}`);
-    rule(g, node, dy, node.inputs.map((x) => needs.has(x.id))).forEach((dx, k) => {
+    rule(
+      g,
+      node,
+      dy,
+      node.inputs.map((x) => needs.has(x.id)),
+    ).forEach((dx, k) => {
       const x = node.inputs[k]!;
       if (dx && needs.has(x.id)) accumulate(x, dx);
     });
@@ -176,6 +181,8 @@ function unbroadcast(g: GraphBuilder, dy: Sym, target: Sym): Sym {
 
 function inverse(perm: number[]): number[] {
   const inv: number[] = [];
-  perm.forEach((p, i) => { inv[p] = i; });
+  perm.forEach((p, i) => {
+    inv[p] = i;
+  });
   return inv;
 }

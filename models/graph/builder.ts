@@ -37,7 +37,10 @@ export class GraphBuilder {
   private nextId = 0;
 
   /** `parent`: the graph a branch belongs to; its values are read by name, so every value of both takes one id sequence. */
-  constructor(readonly name: string, private readonly parent: GraphBuilder | null = null) {}
+  constructor(
+    readonly name: string,
+    private readonly parent: GraphBuilder | null = null,
+  ) {}
 
   private sym(shape: Dim[], dtype: DType, name?: string): Sym {
     const id = this.parent ? this.parent.sym([], dtype).id : this.nextId++;
@@ -97,15 +100,33 @@ export class GraphBuilder {
 
   // ---- ops ----------------------------------------------------------------
 
-  add(a: Sym, b: Sym): Sym { return this.node('Add', [a, b], broadcast(a.shape, b.shape)); }
-  sub(a: Sym, b: Sym): Sym { return this.node('Sub', [a, b], broadcast(a.shape, b.shape)); }
-  mul(a: Sym, b: Sym): Sym { return this.node('Mul', [a, b], broadcast(a.shape, b.shape)); }
-  div(a: Sym, b: Sym): Sym { return this.node('Div', [a, b], broadcast(a.shape, b.shape)); }
-  neg(x: Sym): Sym { return this.node('Neg', [x], x.shape); }
-  exp(x: Sym): Sym { return this.node('Exp', [x], x.shape); }
-  log(x: Sym): Sym { return this.node('Log', [x], x.shape); }
-  sqrt(x: Sym): Sym { return this.node('Sqrt', [x], x.shape); }
-  sigmoid(x: Sym): Sym { return this.node('Sigmoid', [x], x.shape); }
+  add(a: Sym, b: Sym): Sym {
+    return this.node('Add', [a, b], broadcast(a.shape, b.shape));
+  }
+  sub(a: Sym, b: Sym): Sym {
+    return this.node('Sub', [a, b], broadcast(a.shape, b.shape));
+  }
+  mul(a: Sym, b: Sym): Sym {
+    return this.node('Mul', [a, b], broadcast(a.shape, b.shape));
+  }
+  div(a: Sym, b: Sym): Sym {
+    return this.node('Div', [a, b], broadcast(a.shape, b.shape));
+  }
+  neg(x: Sym): Sym {
+    return this.node('Neg', [x], x.shape);
+  }
+  exp(x: Sym): Sym {
+    return this.node('Exp', [x], x.shape);
+  }
+  log(x: Sym): Sym {
+    return this.node('Log', [x], x.shape);
+  }
+  sqrt(x: Sym): Sym {
+    return this.node('Sqrt', [x], x.shape);
+  }
+  sigmoid(x: Sym): Sym {
+    return this.node('Sigmoid', [x], x.shape);
+  }
 
   matmul(a: Sym, b: Sym): Sym {
     const batch = broadcast(a.shape.slice(0, -2), b.shape.slice(0, -2));
@@ -113,7 +134,13 @@ export class GraphBuilder {
   }
 
   transpose(x: Sym, perm: number[]): Sym {
-    return this.node('Transpose', [x], perm.map((p) => x.shape[p]!), x.dtype, { perm });
+    return this.node(
+      'Transpose',
+      [x],
+      perm.map((p) => x.shape[p]!),
+      x.dtype,
+      { perm },
+    );
   }
 
   /** Swaps the last two axes. */
@@ -160,28 +187,62 @@ export class GraphBuilder {
   }
 
   /** Running sum along `axis` (inclusive); `reverse`: from the end. */
-  cumsum(x: Sym, axis: number, reverse = false): Sym { return this.node('CumSum', [x, this.constI([axis], [])], x.shape, x.dtype, reverse ? { reverse: 1 } : {}); }
+  cumsum(x: Sym, axis: number, reverse = false): Sym {
+    return this.node('CumSum', [x, this.constI([axis], [])], x.shape, x.dtype, reverse ? { reverse: 1 } : {});
+  }
   /** Running sum along `axis` of what comes before each element (0 first). */
-  cumsumBefore(x: Sym, axis: number): Sym { return this.node('CumSum', [x, this.constI([axis], [])], x.shape, x.dtype, { exclusive: 1 }); }
-  floor(x: Sym): Sym { return this.node('Floor', [x], x.shape); }
-  max(a: Sym, b: Sym): Sym { return this.node('Max', [a, b], broadcast(a.shape, b.shape)); }
-  equal(a: Sym, b: Sym): Sym { return this.node('Equal', [a, b], broadcast(a.shape, b.shape), 'bool'); }
-  greater(a: Sym, b: Sym): Sym { return this.node('Greater', [a, b], broadcast(a.shape, b.shape), 'bool'); }
-  greaterOrEqual(a: Sym, b: Sym): Sym { return this.node('GreaterOrEqual', [a, b], broadcast(a.shape, b.shape), 'bool'); }
-  or(a: Sym, b: Sym): Sym { return this.node('Or', [a, b], broadcast(a.shape, b.shape), 'bool'); }
+  cumsumBefore(x: Sym, axis: number): Sym {
+    return this.node('CumSum', [x, this.constI([axis], [])], x.shape, x.dtype, { exclusive: 1 });
+  }
+  floor(x: Sym): Sym {
+    return this.node('Floor', [x], x.shape);
+  }
+  max(a: Sym, b: Sym): Sym {
+    return this.node('Max', [a, b], broadcast(a.shape, b.shape));
+  }
+  equal(a: Sym, b: Sym): Sym {
+    return this.node('Equal', [a, b], broadcast(a.shape, b.shape), 'bool');
+  }
+  greater(a: Sym, b: Sym): Sym {
+    return this.node('Greater', [a, b], broadcast(a.shape, b.shape), 'bool');
+  }
+  greaterOrEqual(a: Sym, b: Sym): Sym {
+    return this.node('GreaterOrEqual', [a, b], broadcast(a.shape, b.shape), 'bool');
+  }
+  or(a: Sym, b: Sym): Sym {
+    return this.node('Or', [a, b], broadcast(a.shape, b.shape), 'bool');
+  }
   /** The smallest value over `axes`, those axes dropped. */
-  reduceMin(x: Sym, axes: number[]): Sym { return this.node('ReduceMin', [x], reduced(x.shape, axes, false), x.dtype, { axes, keepdims: 0 }); }
+  reduceMin(x: Sym, axes: number[]): Sym {
+    return this.node('ReduceMin', [x], reduced(x.shape, axes, false), x.dtype, { axes, keepdims: 0 });
+  }
   /** The largest value over `axes`, those axes dropped. */
-  reduceMax(x: Sym, axes: number[]): Sym { return this.node('ReduceMax', [x], reduced(x.shape, axes, false), x.dtype, { axes, keepdims: 0 }); }
+  reduceMax(x: Sym, axes: number[]): Sym {
+    return this.node('ReduceMax', [x], reduced(x.shape, axes, false), x.dtype, { axes, keepdims: 0 });
+  }
   /** Index of the first largest value along `axis`, kept as a size-1 axis. */
-  argmax(x: Sym, axis: number): Sym { return this.node('ArgMax', [x], reduced(x.shape, [axis], true), 'int64', { axis, keepdims: 1 }); }
-  and(a: Sym, b: Sym): Sym { return this.node('And', [a, b], broadcast(a.shape, b.shape), 'bool'); }
-  lessOrEqual(a: Sym, b: Sym): Sym { return this.node('LessOrEqual', [a, b], broadcast(a.shape, b.shape), 'bool'); }
-  less(a: Sym, b: Sym): Sym { return this.node('Less', [a, b], broadcast(a.shape, b.shape), 'bool'); }
-  cast(x: Sym, to: DType): Sym { return this.node('Cast', [x], x.shape, to, { to: ELEM_TYPE[to] }); }
+  argmax(x: Sym, axis: number): Sym {
+    return this.node('ArgMax', [x], reduced(x.shape, [axis], true), 'int64', { axis, keepdims: 1 });
+  }
+  and(a: Sym, b: Sym): Sym {
+    return this.node('And', [a, b], broadcast(a.shape, b.shape), 'bool');
+  }
+  lessOrEqual(a: Sym, b: Sym): Sym {
+    return this.node('LessOrEqual', [a, b], broadcast(a.shape, b.shape), 'bool');
+  }
+  less(a: Sym, b: Sym): Sym {
+    return this.node('Less', [a, b], broadcast(a.shape, b.shape), 'bool');
+  }
+  cast(x: Sym, to: DType): Sym {
+    return this.node('Cast', [x], x.shape, to, { to: ELEM_TYPE[to] });
+  }
   /** cond ? a : b, elementwise. */
-  where(cond: Sym, a: Sym, b: Sym): Sym { return this.node('Where', [cond, a, b], broadcast(cond.shape, broadcast(a.shape, b.shape)), a.dtype); }
-  min(a: Sym, b: Sym): Sym { return this.node('Min', [a, b], broadcast(a.shape, b.shape)); }
+  where(cond: Sym, a: Sym, b: Sym): Sym {
+    return this.node('Where', [cond, a, b], broadcast(cond.shape, broadcast(a.shape, b.shape)), a.dtype);
+  }
+  min(a: Sym, b: Sym): Sym {
+    return this.node('Min', [a, b], broadcast(a.shape, b.shape));
+  }
   /** Appends `after[i]` zeros to the end of axis i. */
   padEnd(x: Sym, after: number[], shape: Dim[]): Sym {
     return this.node('Pad', [x, this.constI([...after.map(() => 0), ...after])], shape);
@@ -192,8 +253,12 @@ export class GraphBuilder {
     return this.node('Pad', [x, pads], shape);
   }
 
-  softmax(x: Sym): Sym { return this.node('Softmax', [x], x.shape, x.dtype, { axis: -1 }); }
-  logSoftmax(x: Sym): Sym { return this.node('LogSoftmax', [x], x.shape, x.dtype, { axis: -1 }); }
+  softmax(x: Sym): Sym {
+    return this.node('Softmax', [x], x.shape, x.dtype, { axis: -1 });
+  }
+  logSoftmax(x: Sym): Sym {
+    return this.node('LogSoftmax', [x], x.shape, x.dtype, { axis: -1 });
+  }
 
   /** table[indices] along `axis`. */
   gather(table: Sym, indices: Sym, axis: number): Sym {
@@ -279,26 +344,40 @@ export class GraphBuilder {
   }
 
   private graphProto(): unknown {
-    const valueInfo = (s: Sym) => onnx.ValueInfoProto.create({
-      name: s.name,
-      type: { tensorType: { elemType: ELEM_TYPE[s.dtype], shape: { dim: s.shape.map((d) => (typeof d === 'number' ? { dimValue: d } : { dimParam: d })) } } },
-    });
+    const valueInfo = (s: Sym) =>
+      onnx.ValueInfoProto.create({
+        name: s.name,
+        type: { tensorType: { elemType: ELEM_TYPE[s.dtype], shape: { dim: s.shape.map((d) => (typeof d === 'number' ? { dimValue: d } : { dimParam: d })) } } },
+      });
     const attribute = (name: string, v: Attr) =>
-      v instanceof GraphBuilder ? onnx.AttributeProto.create({ name, type: 5, g: v.graphProto() })
-        : typeof v === 'string' ? onnx.AttributeProto.create({ name, type: 3, s: Buffer.from(v) })
-          : Array.isArray(v) ? onnx.AttributeProto.create({ name, type: 7, ints: v }) : onnx.AttributeProto.create({ name, type: 2, i: v });
+      v instanceof GraphBuilder
+        ? onnx.AttributeProto.create({ name, type: 5, g: v.graphProto() })
+        : typeof v === 'string'
+          ? onnx.AttributeProto.create({ name, type: 3, s: Buffer.from(v) })
+          : Array.isArray(v)
+            ? onnx.AttributeProto.create({ name, type: 7, ints: v })
+            : onnx.AttributeProto.create({ name, type: 2, i: v });
     return onnx.GraphProto.create({
       name: this.name,
-      node: this.nodes.map((n, i) => onnx.NodeProto.create({
-        name: `${this.parent ? `${this.name}.` : ''}${n.op}_${i}`, opType: n.op, input: n.inputs.map((s) => s.name), output: n.outputs.map((s) => s.name),
-        attribute: Object.entries(n.attrs).map(([k, v]) => attribute(k, v)),
-      })),
+      node: this.nodes.map((n, i) =>
+        onnx.NodeProto.create({
+          name: `${this.parent ? `${this.name}.` : ''}${n.op}_${i}`,
+          opType: n.op,
+          input: n.inputs.map((s) => s.name),
+          output: n.outputs.map((s) => s.name),
+          attribute: Object.entries(n.attrs).map(([k, v]) => attribute(k, v)),
+        }),
+      ),
       input: this.inputs.map(valueInfo),
       output: this.outputs.map(valueInfo),
-      initializer: this.initializers.map(({ sym, data }) => onnx.TensorProto.create({
-        name: sym.name, dims: sym.shape as number[], dataType: ELEM_TYPE[sym.dtype],
-        rawData: new Uint8Array(data.buffer, data.byteOffset, data.byteLength),
-      })),
+      initializer: this.initializers.map(({ sym, data }) =>
+        onnx.TensorProto.create({
+          name: sym.name,
+          dims: sym.shape as number[],
+          dataType: ELEM_TYPE[sym.dtype],
+          rawData: new Uint8Array(data.buffer, data.byteOffset, data.byteLength),
+        }),
+      ),
     });
   }
 }

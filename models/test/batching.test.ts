@@ -32,7 +32,9 @@ describe('BatchQueue', () => {
         if (batch.includes('b1')) throw new Error('no b1');
         return batch.map((r) => r.toUpperCase());
       },
-      schedule: (q) => { held = q; },
+      schedule: (q) => {
+        held = q;
+      },
     });
     const results = ['a1', 'b1', 'a2', 'a3', 'b2'].map((r) => queue.push(r).catch((e: Error) => e.message));
     while (held!.size) await held!.runBatch();
@@ -48,7 +50,9 @@ describe('BatchQueue', () => {
       maxBatch: 16,
       fits: (taken, next) => taken.reduce((a, b) => a + b, 0) + next <= 10,
       run: async (batch) => (batches.push(batch), batch),
-      schedule: (q) => { held = q; },
+      schedule: (q) => {
+        held = q;
+      },
     });
     const all = Promise.all([6, 5, 3, 12, 1].map((n) => queue.push(n)));
     while (held!.size) await held!.runBatch();
@@ -61,7 +65,16 @@ describe('BatchQueue', () => {
     const batches: number[][] = [];
     let expected = 3;
     let gaveUp = 0;
-    const queue = new BatchQueue<number, number>({ keyOf: () => '', maxBatch: 16, run: async (b) => (batches.push(b), b), schedule: flushSoon(() => expected, 3, () => gaveUp++) });
+    const queue = new BatchQueue<number, number>({
+      keyOf: () => '',
+      maxBatch: 16,
+      run: async (b) => (batches.push(b), b),
+      schedule: flushSoon(
+        () => expected,
+        3,
+        () => gaveUp++,
+      ),
+    });
     await Promise.all([queue.push(1), queue.push(2)]);
     expect(batches).toEqual([[1, 2]]);
     expect(gaveUp).toBe(1);

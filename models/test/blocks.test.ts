@@ -10,7 +10,10 @@ import { scoringUnits, type ScoredSequence } from '../feeds.js';
 const dims = { dModel: 16, heads: 2, ffn: 32, layers: 2 };
 const whole = new ModelEngine('blocks-check-model', 97, { dims, maxPositionsPerRun: 4096, maxScoredPerRun: 4096 });
 const blocked = new ModelEngine('blocks-check-model', 97, { dims, maxPositionsPerRun: 24, maxScoredPerRun: 8, attentionFloatsPerRun: 2 * 16 * 40 });
-afterAll(async () => { await whole.close(); await blocked.close(); });
+afterAll(async () => {
+  await whole.close();
+  await blocked.close();
+});
 
 const adapter = freshAdapter(whole.sites, 4, 8, 'blocks-adapter');
 // Non-zero B everywhere, so every LoRA tensor's gradient is exercised.
@@ -36,11 +39,21 @@ const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => {
 
 describe('blocked scoring of long sequences', () => {
   it('splits a sequence into blocks that stay within the attention budget as keys grow', () => {
-    expect(blocksOf(10, 2, { positions: 4, attentionFloats: 1000 })).toEqual([[0, 4], [4, 8], [8, 10]]);
+    expect(blocksOf(10, 2, { positions: 4, attentionFloats: 1000 })).toEqual([
+      [0, 4],
+      [4, 8],
+      [8, 10],
+    ]);
     const blocks = blocksOf(4096, 4, { positions: 128, attentionFloats: 2 ** 20 });
     expect(blocks.at(-1)![1]).toBe(4096);
     for (const [s, e] of blocks) expect(4 * (e - s) * e).toBeLessThanOrEqual(2 ** 20);
-    expect([...scoringUnits(seqs, { positions: 24, scored: 8 })].map((u) => [u.seqs.length, u.long])).toEqual([[1, true], [1, true], [1, false], [1, true], [1, true]]);
+    expect([...scoringUnits(seqs, { positions: 24, scored: 8 })].map((u) => [u.seqs.length, u.long])).toEqual([
+      [1, true],
+      [1, true],
+      [1, false],
+      [1, true],
+      [1, true],
+    ]);
   });
 
   it('gives the logprobs of one run over the whole sequence', async () => {
@@ -69,7 +82,7 @@ describe('blocked scoring of long sequences', () => {
     expect(maxDiff(a.logprobs[0]!, b.logprobs[0]!)).toBeLessThan(1e-5);
   });
 
-  it('gives the top-k at the scored positions only, blocked or not (a training pass\'s top_k_logprobs)', async () => {
+  it("gives the top-k at the scored positions only, blocked or not (a training pass's top_k_logprobs)", async () => {
     const s = seqs[3]!;
     const a = await whole.topk([s], adapter, 4);
     const b = await blocked.topk([s], adapter, 4);

@@ -1,5 +1,15 @@
 import { describe, expect, it, vi } from 'vitest';
-import { EnginePool, freshAdapter, LoraTrainer, ModelEngine, parameters, sampleSequences, SAMPLING_DEFAULTS, type SamplingParams, type SequenceStart } from '../index.js';
+import {
+  EnginePool,
+  freshAdapter,
+  LoraTrainer,
+  ModelEngine,
+  parameters,
+  sampleSequences,
+  SAMPLING_DEFAULTS,
+  type SamplingParams,
+  type SequenceStart,
+} from '../index.js';
 import { prompt, TICKETS } from '../data/support-tickets.js';
 
 // The engine's sampling: draws in the graph, prefills and decode batches, streams, stops (training: engine-training.test.ts).
@@ -21,13 +31,22 @@ describe('sampling', () => {
     const trainer = perturbedTrainer(3);
     const promptTokens = tok.encode(prompt(TICKETS[0]![0]));
     // 8 × 16 rows: the first 64 decode through x·W + (s·x·A)·B, the rest through the merged unembedding.
-    const seqs = await sampleSequences(engine, trainer.adapter, promptTokens, 8, { ...SAMPLING_DEFAULTS, max_tokens: 16, temperature: 1, seed: 5 }, { ...tok, eosTokenIds: [] });
+    const seqs = await sampleSequences(
+      engine,
+      trainer.adapter,
+      promptTokens,
+      8,
+      { ...SAMPLING_DEFAULTS, max_tokens: 16, temperature: 1, seed: 5 },
+      { ...tok, eosTokenIds: [] },
+    );
     let worst = 0;
     for (const s of seqs) {
       const tokens = [...promptTokens, ...s.tokens];
       const targets = tokens.map((_, i) => (i >= promptTokens.length - 1 && i + 1 < tokens.length ? tokens[i + 1]! : -100));
       const { logprobs } = await trainer.forward([{ tokens, targetTokens: targets, weights: null, logprobs: null, advantages: null }], 'cross_entropy', {});
-      s.logprobs.forEach((lp, k) => { worst = Math.max(worst, Math.abs(lp - logprobs[0]![promptTokens.length - 1 + k]!)); });
+      s.logprobs.forEach((lp, k) => {
+        worst = Math.max(worst, Math.abs(lp - logprobs[0]![promptTokens.length - 1 + k]!));
+      });
     }
     expect(worst).toBeLessThan(1e-4);
   });
@@ -51,7 +70,10 @@ describe('sampling', () => {
     // 151669 = 329 × 461 cuts into whole blocks; 1009 is prime, so its last block is padded.
     const prime = new ModelEngine('draw-check', 1009, { dims: { dModel: 16, heads: 2, ffn: 16, layers: 1 }, thread: 'inline' });
     try {
-      for (const [e, adapter] of [[engine, perturbedTrainer(3).adapter], [prime, freshAdapter(prime.sites, 4, 8, 1)]] as const) {
+      for (const [e, adapter] of [
+        [engine, perturbedTrainer(3).adapter],
+        [prime, freshAdapter(prime.sites, 4, 8, 1)],
+      ] as const) {
         const p = [5, 17, 300, 2];
         const invT = 1 / 0.8;
         const { probs, logprobs } = await e.decode([p], adapter, null, invT);
@@ -81,7 +103,10 @@ describe('sampling', () => {
   it('draws in the graph with a top-k or top-p cut: only kept candidates, each where the draw by definition puts it', async () => {
     const prime = new ModelEngine('draw-cut-check', 1009, { dims: { dModel: 16, heads: 2, ffn: 16, layers: 1 }, thread: 'inline' });
     try {
-      for (const [e, adapter] of [[engine, perturbedTrainer(4).adapter], [prime, freshAdapter(prime.sites, 4, 8, 2)]] as const) {
+      for (const [e, adapter] of [
+        [engine, perturbedTrainer(4).adapter],
+        [prime, freshAdapter(prime.sites, 4, 8, 2)],
+      ] as const) {
         const p = [5, 17, 300, 2];
         // Temperature 50 too: the probabilities then lie within a few of the nucleus's 1/128-octave buckets, so the
         // crossing bucket, the one sorted to find how many of its tokens are in, holds hundreds of them.
@@ -91,7 +116,15 @@ describe('sampling', () => {
           // fewest of those whose mass reaches top_p of theirs. A top-k draw runs over them sorted, a nucleus in id order.
           const order = Array.from(probs.keys()).sort((a, b) => probs[b]! - probs[a]! || a - b);
           const us = Array.from({ length: 40 }, (_, i) => (i + 0.5) / 40);
-          for (const cut of [{ topK: 50, topP: 1 }, { topK: 50, topP: 0.5 }, { topK: 7, topP: 0.9 }, { topK: 200, topP: 0.3 }, { topK: 0, topP: 0.95 }, { topK: 0, topP: 0.5 }, { topK: 0, topP: 0.1 }]) {
+          for (const cut of [
+            { topK: 50, topP: 1 },
+            { topK: 50, topP: 0.5 },
+            { topK: 7, topP: 0.9 },
+            { topK: 200, topP: 0.3 },
+            { topK: 0, topP: 0.95 },
+            { topK: 0, topP: 0.5 },
+            { topK: 0, topP: 0.1 },
+          ]) {
             const candidates = cut.topK ? order.slice(0, cut.topK) : order;
             const total = candidates.reduce((sum, v) => sum + probs[v]!, 0);
             const kept: number[] = [];
@@ -153,7 +186,12 @@ describe('sampling', () => {
             // A decode step of rows from two requests with the same kind (and k), each with its own top_p, in one run.
             const start = await e.startSequence(p.slice(0, 3), adapter, invT, [0.5], cut, [0.5]);
             const [mine, other] = await Promise.all([
-              e.decodeRows(us.slice(0, 8).map((u, i) => ({ token: 2, cache: start.cache, draw: u, retry: retryOf(i) })), adapter, invT, cut),
+              e.decodeRows(
+                us.slice(0, 8).map((u, i) => ({ token: 2, cache: start.cache, draw: u, retry: retryOf(i) })),
+                adapter,
+                invT,
+                cut,
+              ),
               e.decodeRows([{ token: 2, cache: start.cache, draw: 0.99, retry: 0.5 }], adapter, invT, { ...cut, topP: 0.999 }),
             ]);
             mine.forEach((step, i) => check(step.drawn!.token, step.drawn!.logprob, us[i]!, retryOf(i)));
@@ -182,7 +220,12 @@ describe('sampling', () => {
       expect(told).not.toHaveBeenCalled();
       runs.mockClear();
       // 1,100 cached positions: 1,100 × 2 layers × keys and values × 64 floats, above 1 MB.
-      const long = await e.startSequence(Array.from({ length: 1100 }, (_, i) => 1 + (i % 500)), adapter, 1, [0.5]);
+      const long = await e.startSequence(
+        Array.from({ length: 1100 }, (_, i) => 1 + (i % 500)),
+        adapter,
+        1,
+        [0.5],
+      );
       await e.decodeRows([{ token: 4, cache: long.cache, draw: 0.5 }], adapter, 1);
       expect(runs.mock.calls.at(-1)![0].heavy).toBe(true);
       expect(told).toHaveBeenCalled();
@@ -200,10 +243,12 @@ describe('sampling', () => {
       // turns of the event loop apart, as HTTP answers reach their clients one after another).
       const ends = prompts.map(() => engine.openStream());
       for (const end of ends) end();
-      await Promise.all(prompts.map(async (p, i) => {
-        for (let turn = 0; turn < i; turn++) await new Promise((r) => setImmediate(r));
-        return engine.startSequence(p, adapter, 1, [0.5]);
-      }));
+      await Promise.all(
+        prompts.map(async (p, i) => {
+          for (let turn = 0; turn < i; turn++) await new Promise((r) => setImmediate(r));
+          return engine.startSequence(p, adapter, 1, [0.5]);
+        }),
+      );
       expect(runs).toHaveBeenCalledTimes(1);
     } finally {
       runs.mockRestore();
@@ -236,7 +281,11 @@ describe('sampling', () => {
 
   it('prefills prompts of different lengths that arrive together in one graph run, as if each ran alone', async () => {
     const adapter = perturbedTrainer(6).adapter;
-    const prompts = [[5, 17, 300, 2], [9, 8, 7, 6, 5, 4, 3, 2, 1], [1000, 2000, 3000, 4000, 5000, 6000]];
+    const prompts = [
+      [5, 17, 300, 2],
+      [9, 8, 7, 6, 5, 4, 3, 2, 1],
+      [1000, 2000, 3000, 4000, 5000, 6000],
+    ];
     const draws = [[0.1, 0.7], [0.5], [0.9, 0.2, 0.4]];
     for (const mode of ['draw', 'greedy', 'distribution'] as const) {
       const args = (i: number) => (mode === 'draw' ? draws[i]! : mode === 'greedy' ? [-1] : null);
@@ -255,7 +304,9 @@ describe('sampling', () => {
         });
         if (mode === 'distribution') {
           let worst = 0;
-          t.logprobs!.forEach((x, v) => { worst = Math.max(worst, Math.abs(x - a.logprobs![v]!)); });
+          t.logprobs!.forEach((x, v) => {
+            worst = Math.max(worst, Math.abs(x - a.logprobs![v]!));
+          });
           expect(worst).toBeLessThan(1e-4);
         } else {
           expect(t.drawn!.map((d) => d.token)).toEqual(a.drawn!.map((d) => d.token));
@@ -271,9 +322,15 @@ describe('sampling', () => {
       const adapter = freshAdapter(small.sites, 4, 8, 2);
       for (const t of adapter.tensors.values()) for (let i = 0; i < t.B.length; i++) t.B[i] = Math.cos(i * 0.61) * 0.05;
       const { cache } = await small.startSequence([5, 17, 300, 2], adapter, 1, null);
-      const step = () => small.decodeRows([0.2, 0.8, 0.5].map((draw) => ({ token: 7, cache, draw })), adapter, 1.1);
+      const step = () =>
+        small.decodeRows(
+          [0.2, 0.8, 0.5].map((draw) => ({ token: 7, cache, draw })),
+          adapter,
+          1.1,
+        );
       // Internals, read only: how many packed sessions the graph runner holds.
-      const packedSessions = async () => (await (small as unknown as { runner: { get(): Promise<{ packed: Map<string, unknown> }> } }).runner.get()).packed.size;
+      const packedSessions = async () =>
+        (await (small as unknown as { runner: { get(): Promise<{ packed: Map<string, unknown> }> } }).runner.get()).packed.size;
       const first = await step();
       // 3 rows a step: merged from the 22nd step on (past 64 rows with the prefill's), packed once 8 rows
       // more have been decoded merged, at the 24th.

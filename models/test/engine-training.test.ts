@@ -1,7 +1,22 @@
 import { describe, expect, it } from 'vitest';
 import {
-  ADAM_DEFAULTS, baseWeightsFor, CheckpointLoadError, decodeSafetensors, DEFAULT_UNEMBEDDING_RANK, EnginePool, freshAdapter, LossInputError, LoraTrainer, parameters, probeDevice, resolveLossConfig,
-  ModelEngine, sampleSequences, SAMPLING_DEFAULTS, zeroAdapter, type SamplingParams,
+  ADAM_DEFAULTS,
+  baseWeightsFor,
+  CheckpointLoadError,
+  decodeSafetensors,
+  DEFAULT_UNEMBEDDING_RANK,
+  EnginePool,
+  freshAdapter,
+  LossInputError,
+  LoraTrainer,
+  parameters,
+  probeDevice,
+  resolveLossConfig,
+  ModelEngine,
+  sampleSequences,
+  SAMPLING_DEFAULTS,
+  zeroAdapter,
+  type SamplingParams,
 } from '../index.js';
 import { datum, EVAL_TICKETS, prompt, TICKETS } from '../data/support-tickets.js';
 
@@ -19,11 +34,15 @@ describe('the model', () => {
     expect(engine.dims.vocab).toBe(tok.vocabSize);
     expect(engine.dims.vocab).toBe(151669);
     const trainer = new LoraTrainer(engine, 4);
-    await expect(trainer.forward([{ tokens: [1, engine.dims.vocab - 1], targetTokens: null, weights: null, logprobs: null, advantages: null }], 'cross_entropy', {})).resolves.toBeTruthy();
-    await expect(trainer.forward([{ tokens: [1, engine.dims.vocab], targetTokens: null, weights: null, logprobs: null, advantages: null }], 'cross_entropy', {}))
-      .rejects.toThrow(/outside the vocabulary \(0\.\.151668\)/);
-    await expect(trainer.forward([{ tokens: [1, 2], targetTokens: [2, 151669], weights: null, logprobs: null, advantages: null }], 'cross_entropy', {}))
-      .rejects.toBeInstanceOf(LossInputError);
+    await expect(
+      trainer.forward([{ tokens: [1, engine.dims.vocab - 1], targetTokens: null, weights: null, logprobs: null, advantages: null }], 'cross_entropy', {}),
+    ).resolves.toBeTruthy();
+    await expect(
+      trainer.forward([{ tokens: [1, engine.dims.vocab], targetTokens: null, weights: null, logprobs: null, advantages: null }], 'cross_entropy', {}),
+    ).rejects.toThrow(/outside the vocabulary \(0\.\.151668\)/);
+    await expect(
+      trainer.forward([{ tokens: [1, 2], targetTokens: [2, 151669], weights: null, logprobs: null, advantages: null }], 'cross_entropy', {}),
+    ).rejects.toBeInstanceOf(LossInputError);
   });
 
   it('draws the same weights from the same name, different ones from another', () => {
@@ -114,10 +133,11 @@ describe('determinism and checkpoints (invariant 4)', () => {
     resumed.load(files, true);
     expect(resumed.step).toBe(2);
     expect(await train(resumed, 2)).toEqual(continued);
-    for (const [name, p] of parameters(original.adapter)) expect(Buffer.from(parameters(resumed.adapter).get(name)!.buffer).equals(Buffer.from(p.buffer)), name).toBe(true);
+    for (const [name, p] of parameters(original.adapter))
+      expect(Buffer.from(parameters(resumed.adapter).get(name)!.buffer).equals(Buffer.from(p.buffer)), name).toBe(true);
   });
 
-  it('caps the unembedding\'s rank, says so in adapter_config.json as PEFT does, and loads adapters of any cap', async () => {
+  it("caps the unembedding's rank, says so in adapter_config.json as PEFT does, and loads adapters of any cap", async () => {
     const config = (t: LoraTrainer) => JSON.parse(Buffer.from(t.samplerFiles().find((f) => f.relative_file_name === 'adapter_config.json')!.data).toString());
     const shapes = (t: LoraTrainer) => decodeSafetensors(t.samplerFiles().find((f) => f.relative_file_name === 'adapter_model.safetensors')!.data).tensors;
     const capped = new LoraTrainer(engine, 16, 32, 5);
@@ -125,7 +145,12 @@ describe('determinism and checkpoints (invariant 4)', () => {
     expect(capped.adapter.tensors.get('lm_head')!.B.length).toBe(DEFAULT_UNEMBEDDING_RANK * engine.dims.vocab);
     expect(capped.adapter.tensors.get('layers.0.q_proj')!.A.length).toBe(16 * engine.dims.dModel);
     // PEFT scales a module by alpha_pattern / rank_pattern: the run's alpha / r is kept.
-    expect(config(capped)).toMatchObject({ r: 16, lora_alpha: 32, rank_pattern: { lm_head: DEFAULT_UNEMBEDDING_RANK }, alpha_pattern: { lm_head: 2 * DEFAULT_UNEMBEDDING_RANK } });
+    expect(config(capped)).toMatchObject({
+      r: 16,
+      lora_alpha: 32,
+      rank_pattern: { lm_head: DEFAULT_UNEMBEDDING_RANK },
+      alpha_pattern: { lm_head: 2 * DEFAULT_UNEMBEDDING_RANK },
+    });
     expect(shapes(capped).get('base_model.model.lm_head.lora_B.weight')!.shape).toEqual([engine.dims.vocab, DEFAULT_UNEMBEDDING_RANK]);
     expect(shapes(capped).get('base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight')!.shape).toEqual([16, engine.dims.dModel]);
     const below = new LoraTrainer(engine, 2);
@@ -197,6 +222,8 @@ describe('loss configuration', () => {
   });
 
   it('ratio losses need sampler logprobs and advantages', async () => {
-    await expect(new LoraTrainer(engine, 4).forward(trainData.slice(0, 1), 'ppo', resolveLossConfig('ppo', {}))).rejects.toThrow(/needs loss_fn_inputs.logprobs/);
+    await expect(new LoraTrainer(engine, 4).forward(trainData.slice(0, 1), 'ppo', resolveLossConfig('ppo', {}))).rejects.toThrow(
+      /needs loss_fn_inputs.logprobs/,
+    );
   });
 });

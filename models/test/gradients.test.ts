@@ -22,7 +22,10 @@ async function checkLoss(loss: LossName): Promise<string[]> {
   const trainer = new LoraTrainer(engine, 4, 8, 7);
   // Non-zero B everywhere, so every tensor's gradient is exercised (a fresh adapter has B = 0, which zeroes dA).
   for (const p of parameters(trainer.adapter).values()) for (let i = 0; i < p.length; i++) if (p[i] === 0) p[i] = Math.sin(i * 1.37 + p.length) * 0.05;
-  const tokens = [[3, 17, 42, 9, 33, 5], [11, 2, 60, 8]];
+  const tokens = [
+    [3, 17, 42, 9, 33, 5],
+    [11, 2, 60, 8],
+  ];
   // The second datum has no target_tokens: next-token for cross_entropy, token-aligned for the policy losses
   // (position 0 scores nothing, so its advantage is 0).
   const data: TrainingDatum[] = tokens.map((t, k) => ({
@@ -36,8 +39,14 @@ async function checkLoss(loss: LossName): Promise<string[]> {
   if (loss !== 'cross_entropy') {
     // Sampler logprobs set so each ratio sits clearly inside or outside the clip ranges: no kink within ε.
     // The learner's logprobs come from a pass of the same loss, so each datum's are in its own alignment.
-    const base = await trainer.forward(data.map((d) => ({ ...d, logprobs: new Float32Array(d.tokens.length) })), loss, config);
-    data.forEach((d, k) => { d.logprobs = Float32Array.from(base.logprobs[k]!, (lp, i) => lp - [-0.6, 0.05, 0.6, 2.0][i % 4]!); });
+    const base = await trainer.forward(
+      data.map((d) => ({ ...d, logprobs: new Float32Array(d.tokens.length) })),
+      loss,
+      config,
+    );
+    data.forEach((d, k) => {
+      d.logprobs = Float32Array.from(base.logprobs[k]!, (lp, i) => lp - [-0.6, 0.05, 0.6, 2.0][i % 4]!);
+    });
   }
   await trainer.forwardBackward(data, loss, config);
   const grads = trainer.accumulatedGradients()!;
@@ -45,18 +54,24 @@ async function checkLoss(loss: LossName): Promise<string[]> {
   if (loss === 'cispo') {
     // CISPO's gradient is defined with the clipped ratio held constant (stop-gradient): differentiate that surrogate.
     const at0 = await trainer.forward(data, loss, config);
-    const weightsAt0 = data.map((d, k) => Float32Array.from(at0.logprobs[k]!, (lp, t) => Math.min(config.clip_high_threshold!, Math.max(config.clip_low_threshold!, Math.exp(lp - d.logprobs![t]!)))));
+    const weightsAt0 = data.map((d, k) =>
+      Float32Array.from(at0.logprobs[k]!, (lp, t) =>
+        Math.min(config.clip_high_threshold!, Math.max(config.clip_low_threshold!, Math.exp(lp - d.logprobs![t]!))),
+      ),
+    );
     lossAt = async () => {
       const { logprobs } = await trainer.forward(data, loss, config);
       let total = 0;
       let weight = 0;
-      data.forEach((d, k) => d.tokens.forEach((_, t) => {
-        const A = d.advantages![t]!;
-        const counted = d.targetTokens !== null ? d.targetTokens[t] !== -100 : t >= 1;
-        if (!counted || A === 0) return;
-        total += d.weights![t]! * -weightsAt0[k]![t]! * logprobs[k]![t]! * A;
-        weight += d.weights![t]!;
-      }));
+      data.forEach((d, k) =>
+        d.tokens.forEach((_, t) => {
+          const A = d.advantages![t]!;
+          const counted = d.targetTokens !== null ? d.targetTokens[t] !== -100 : t >= 1;
+          if (!counted || A === 0) return;
+          total += d.weights![t]! * -weightsAt0[k]![t]! * logprobs[k]![t]! * A;
+          weight += d.weights![t]!;
+        }),
+      );
       return total / weight;
     };
   }
@@ -94,7 +109,12 @@ describe('gradients match finite differences', () => {
 });
 
 describe('loss functions', () => {
-  const datum = (n: number) => ({ counted: new Uint8Array(n).fill(1), weights: null, samplerLogprobs: new Float32Array(n).fill(-1), advantages: new Float32Array(n).fill(1) });
+  const datum = (n: number) => ({
+    counted: new Uint8Array(n).fill(1),
+    weights: null,
+    samplerLogprobs: new Float32Array(n).fill(-1),
+    advantages: new Float32Array(n).fill(1),
+  });
 
   it('cross_entropy is the weighted mean of -logprob over counted positions; sum reduction is the sum', () => {
     const d = { counted: Uint8Array.from([1, 1, 0]), weights: Float32Array.from([1, 3, 5]), samplerLogprobs: null, advantages: null };

@@ -1,5 +1,16 @@
 import { describe, expect, it } from 'vitest';
-import { EnginePool, freshAdapter, ModelEngine, sampleSequences, SAMPLING_DEFAULTS, type BackwardResult, type LoraAdapter, type SampledSequence, type SamplingParams, type ScoredSequence } from '../index.js';
+import {
+  EnginePool,
+  freshAdapter,
+  ModelEngine,
+  sampleSequences,
+  SAMPLING_DEFAULTS,
+  type BackwardResult,
+  type LoraAdapter,
+  type SampledSequence,
+  type SamplingParams,
+  type ScoredSequence,
+} from '../index.js';
 import { datum, EVAL_TICKETS, prompt, TICKETS } from '../data/support-tickets.js';
 
 /**
@@ -37,7 +48,12 @@ function relativeDifference(together: Float32Array, alone: Float32Array): number
 }
 
 // Ranks 1 and 128 cap (or not) the unembedding's rank differently from 4 and 16; alphas give four scales.
-const runs = [[1, 1], [4, 8], [16, 32], [128, 16]].map(([rank, alpha], i) => ({
+const runs = [
+  [1, 1],
+  [4, 8],
+  [16, 32],
+  [128, 16],
+].map(([rank, alpha], i) => ({
   adapter: trained(rank!, alpha!, i + 1),
   seqs: tickets.slice(i * 2, i * 2 + 2 + (i % 2)),
 }));
@@ -53,7 +69,9 @@ describe('concurrent runs batched together', () => {
     expect(engine.graphRuns.mixed - before.mixed).toBe(1);
     let [worstLogprob, worstGrad] = [0, 0];
     together.forEach((result, i) => {
-      result.logprobs.forEach((lp, s) => { worstLogprob = Math.max(worstLogprob, relativeDifference(lp, alone[i]!.logprobs[s]!)); });
+      result.logprobs.forEach((lp, s) => {
+        worstLogprob = Math.max(worstLogprob, relativeDifference(lp, alone[i]!.logprobs[s]!));
+      });
       expect([...result.grads.keys()]).toEqual([...alone[i]!.grads.keys()]);
       for (const [name, grad] of alone[i]!.grads) {
         expect(result.grads.get(name)!.length).toBe(grad.length);
@@ -70,11 +88,25 @@ describe('concurrent runs batched together', () => {
     const silent = trained(16, 32, 9);
     const before = { ...engine.graphRuns };
     const [quiet] = await Promise.all([
-      engine.backward(tickets.slice(0, 2), silent, tickets.slice(0, 2).map((s) => new Float32Array(s.tokens.length))),
-      ...runs.map(({ adapter, seqs }) => engine.backward(seqs, adapter, seqs.map((s) => new Float32Array(s.tokens.length).fill(1)))),
+      engine.backward(
+        tickets.slice(0, 2),
+        silent,
+        tickets.slice(0, 2).map((s) => new Float32Array(s.tokens.length)),
+      ),
+      ...runs.map(({ adapter, seqs }) =>
+        engine.backward(
+          seqs,
+          adapter,
+          seqs.map((s) => new Float32Array(s.tokens.length).fill(1)),
+        ),
+      ),
     ]);
     expect(engine.graphRuns.mixed - before.mixed).toBe(1);
-    for (const [name, grad] of quiet!.grads) expect(grad.every((x) => x === 0), name).toBe(true);
+    for (const [name, grad] of quiet!.grads)
+      expect(
+        grad.every((x) => x === 0),
+        name,
+      ).toBe(true);
   });
 
   it('every graph run waits its turn: training and sampling of several runs at once never overlap on the engine', async () => {
@@ -94,10 +126,22 @@ describe('concurrent runs batched together', () => {
       const promptTokens = tok.encode(prompt(TICKETS[1]![0]));
       const before = { ...engine.graphRuns };
       // Samplers decode step after step while training steps keep arriving between them.
-      const sampling = Promise.all(runs.map(({ adapter }) => sampleSequences(engine, adapter, promptTokens, 2, { ...SAMPLING_DEFAULTS, max_tokens: 24, seed: 1 }, { ...tok, eosTokenIds: [] })));
+      const sampling = Promise.all(
+        runs.map(({ adapter }) =>
+          sampleSequences(engine, adapter, promptTokens, 2, { ...SAMPLING_DEFAULTS, max_tokens: 24, seed: 1 }, { ...tok, eosTokenIds: [] }),
+        ),
+      );
       for (let i = 0; i < 6; i++) {
         await new Promise((r) => setTimeout(r, 3));
-        await Promise.all(runs.map(({ adapter, seqs }) => engine.backward(seqs, adapter, seqs.map((s) => new Float32Array(s.tokens.length).fill(1)))));
+        await Promise.all(
+          runs.map(({ adapter, seqs }) =>
+            engine.backward(
+              seqs,
+              adapter,
+              seqs.map((s) => new Float32Array(s.tokens.length).fill(1)),
+            ),
+          ),
+        );
       }
       await sampling;
       expect(engine.graphRuns.total - before.total).toBeGreaterThan(12);
@@ -137,7 +181,7 @@ describe('concurrent runs batched together', () => {
     expect(failed.status).toBe('rejected');
   });
 
-  it('with batchRuns off, each adapter\'s work runs apart and gives what it gives alone to the bit', async () => {
+  it("with batchRuns off, each adapter's work runs apart and gives what it gives alone to the bit", async () => {
     const apart = new ModelEngine(MODEL, tok.vocabSize, { batchRuns: false });
     try {
       const cotangents = runs.map(({ seqs }) => seqs.map((s) => new Float32Array(s.tokens.length).fill(1)));

@@ -88,27 +88,42 @@ describe('the top_p draw in the graph', () => {
   it('gives the token of the rule in JavaScript for every draw: rows of their own distributions and top_p, ties at the edge, few and many draws per row, a padded vocabulary', async () => {
     const V = 1009; // prime: the draw's last block is padded
     // Each draw tested on its own (draw_nucleus), and each row's nucleus found once (draw_nucleus_wide).
-    const sessions = await Promise.all([false, true].map((wide) => {
-      const g = new GraphBuilder('nucleus-draw-check');
-      const logits = g.input('logits', 'float32', ['B', V]);
-      const { token, logprob } = drawNucleusTokens(g, logits, g.input('u', 'float32', ['B', 'N']), g.input('u_retry', 'float32', ['B', 'N']), g.input('top_p', 'float32', ['B', 1]), V, wide);
-      g.output(g.softmax(logits), 'probs');
-      g.output(token, 'token');
-      g.output(logprob, 'token_logprob');
-      return ort.InferenceSession.create(g.toOnnx());
-    }));
+    const sessions = await Promise.all(
+      [false, true].map((wide) => {
+        const g = new GraphBuilder('nucleus-draw-check');
+        const logits = g.input('logits', 'float32', ['B', V]);
+        const { token, logprob } = drawNucleusTokens(
+          g,
+          logits,
+          g.input('u', 'float32', ['B', 'N']),
+          g.input('u_retry', 'float32', ['B', 'N']),
+          g.input('top_p', 'float32', ['B', 1]),
+          V,
+          wide,
+        );
+        g.output(g.softmax(logits), 'probs');
+        g.output(token, 'token');
+        g.output(logprob, 'token_logprob');
+        return ort.InferenceSession.create(g.toOnnx());
+      }),
+    );
     const rng = new Prng('graph-nucleus');
     // Peaked; near-uniform; four exactly equal levels (ties everywhere, so at the edge); peaked with every logit twice.
     const rows = [
       Float32Array.from({ length: V }, () => rng.next() * 6),
       Float32Array.from({ length: V }, () => rng.next() * 0.05),
       Float32Array.from({ length: V }, (_, v) => [0, 0.3, 0.6, 0.9][(v * 7) % 4]!),
-      Float32Array.from({ length: V }, (_, v) => Math.floor(v / 2) % 97 / 20),
+      Float32Array.from({ length: V }, (_, v) => (Math.floor(v / 2) % 97) / 20),
     ];
     const topPs = [0.9, 0.37, 0.61, 0.95];
     const paths = { first: 0, retry: 0, redrawn: 0 };
     let edgeTies = 0;
-    for (const [N, session] of [[1, sessions[0]!], [3, sessions[0]!], [3, sessions[1]!], [8, sessions[1]!]] as const) {
+    for (const [N, session] of [
+      [1, sessions[0]!],
+      [3, sessions[0]!],
+      [3, sessions[1]!],
+      [8, sessions[1]!],
+    ] as const) {
       for (let trial = 0; trial < 12; trial++) {
         const u = Float32Array.from({ length: rows.length * N }, () => rng.next());
         const retry = Float32Array.from({ length: rows.length * N }, () => rng.next());
@@ -137,14 +152,21 @@ describe('the top_p draw in the graph', () => {
             const [expected, lp] = chooseToken(logprobs, probs, params, scripted);
             expect(Number(tokens[i]), `row ${b}, draw ${n} of ${N}${session === sessions[1] ? ', wide' : ''}`).toBe(expected);
             expect(logps[i]).toBeCloseTo(lp, 5);
-            const at = (x: number) => { let run = 0; for (let v = 0; v < V; v++) if ((run += probs[v]!) > x * whole) return v; return V - 1; };
+            const at = (x: number) => {
+              let run = 0;
+              for (let v = 0; v < V; v++) if ((run += probs[v]!) > x * whole) return v;
+              return V - 1;
+            };
             paths[nucleus.has(at(u[i]!)) ? 'first' : nucleus.has(at(retry[i]!)) ? 'retry' : 'redrawn']++;
           }
         });
       }
     }
     // Every branch of the rule was taken, and the edge fell inside a group of equal probabilities.
-    expect(Object.values(paths).every((count) => count > 5), JSON.stringify(paths)).toBe(true);
+    expect(
+      Object.values(paths).every((count) => count > 5),
+      JSON.stringify(paths),
+    ).toBe(true);
     expect(edgeTies).toBeGreaterThan(0);
     await Promise.all(sessions.map((s) => s.release()));
   });

@@ -11,7 +11,8 @@ const greedy: SamplingParams = { ...SAMPLING_DEFAULTS, temperature: 0, max_token
 /** A decoder over a fixed table: token i is PIECES[i]; 9 and 10 are the two halves of one UTF-8 character. */
 const PIECES = ['He', 'llo', ' wor', 'ld', '!', ' E', 'ND', '\n', 'x'];
 const EURO = Buffer.from('€', 'utf8');
-const decode = (ids: number[]) => Buffer.concat(ids.map((i) => (i === 9 ? EURO.subarray(0, 2) : i === 10 ? EURO.subarray(2) : Buffer.from(PIECES[i]!)))).toString('utf8');
+const decode = (ids: number[]) =>
+  Buffer.concat(ids.map((i) => (i === 9 ? EURO.subarray(0, 2) : i === 10 ? EURO.subarray(2) : Buffer.from(PIECES[i]!)))).toString('utf8');
 
 function streamAll(ids: number[], stop: string[], eos: number[] = []): string[] {
   const text = new StreamedText(decode, stop, new Set(eos));
@@ -19,7 +20,7 @@ function streamAll(ids: number[], stop: string[], eos: number[] = []): string[] 
 }
 
 describe('StreamedText: the text a stream may send as tokens arrive', () => {
-  it('sends each token\'s text at once when no stop string could start there', () => {
+  it("sends each token's text at once when no stop string could start there", () => {
     expect(streamAll([0, 1, 2, 3], [])).toEqual(['He', 'llo', ' wor', 'ld']);
     expect(streamAll([0, 1, 2, 3], ['END'])).toEqual(['He', 'llo', ' wor', 'ld']);
   });
@@ -59,7 +60,12 @@ describe('sampleSequences with hooks: each token as soon as it is drawn', () => 
       return decodeRows(...args);
     };
     try {
-      const [hooked] = await sampleSequences(engine, adapter, p, 1, greedy, noEos, { onToken: (d) => { told.push(d); stepsWhenTold.push(steps); } });
+      const [hooked] = await sampleSequences(engine, adapter, p, 1, greedy, noEos, {
+        onToken: (d) => {
+          told.push(d);
+          stepsWhenTold.push(steps);
+        },
+      });
       expect(hooked).toEqual(plain);
     } finally {
       engine.decodeRows = decodeRows;
@@ -76,7 +82,11 @@ describe('sampleSequences with hooks: each token as soon as it is drawn', () => 
     const p = tok.encode('The quick brown fox');
     const [free] = await sampleSequences(engine, adapter, p, 1, greedy, noEos);
     const told: DrawnToken[] = [];
-    const seqs = await sampleSequences(engine, adapter, p, 2, { ...greedy, stop: [free!.tokens[2]!] }, noEos, { onToken: (d) => { told.push(d); } });
+    const seqs = await sampleSequences(engine, adapter, p, 2, { ...greedy, stop: [free!.tokens[2]!] }, noEos, {
+      onToken: (d) => {
+        told.push(d);
+      },
+    });
     for (const index of [0, 1]) {
       const mine = told.filter((d) => d.index === index);
       expect(mine.map((d) => d.token)).toEqual(seqs[index]!.tokens);
@@ -98,7 +108,9 @@ describe('sampleSequences with hooks: each token as soon as it is drawn', () => 
     try {
       const run = sampleSequences(engine, adapter, p, 1, { ...greedy, max_tokens: 64 }, noEos, {
         signal: controller.signal,
-        onToken: () => { if (++told === 2) controller.abort(new Error('client went away')); },
+        onToken: () => {
+          if (++told === 2) controller.abort(new Error('client went away'));
+        },
       });
       await expect(run).rejects.toThrow('client went away');
     } finally {

@@ -25,18 +25,22 @@ async function mock() {
 describe('sdk-fixtures', () => {
   const fixtures = readFixtures(FIXTURES_DIR);
 
-  it('hold the guides\' flows and every error flow', () => {
+  it("hold the guides' flows and every error flow", () => {
     expect(fixtures.map((f) => f.name).sort()).toEqual(['task-cleanup', 'task-resume', 'task-rl-step', 'task-sft-round', ...Object.keys(ERROR_FLOWS)].sort());
     const text = fixtures.map((f) => JSON.stringify(f)).join('\n');
     expect(text).not.toMatch(/127\.0\.0\.1|localhost|fixtures-key|Bearer/);
     expect(text).toContain('{key:1}');
   });
 
-  it.each(fixtures.map((f) => [f.name, f] as [string, Fixture]))('%s replays against loops-mock with no difference', async (_name, fixture) => {
-    const server = await mock();
-    const result = await replayFixture(fixture, { server: server.url, key: 'replay-key' });
-    expect(result.differences.join('\n')).toBe('');
-  }, 60_000);
+  it.each(fixtures.map((f) => [f.name, f] as [string, Fixture]))(
+    '%s replays against loops-mock with no difference',
+    async (_name, fixture) => {
+      const server = await mock();
+      const result = await replayFixture(fixture, { server: server.url, key: 'replay-key' });
+      expect(result.differences.join('\n')).toBe('');
+    },
+    60_000,
+  );
 
   it('replay reports a changed status, a missing field, a new field and a changed type', async () => {
     const server = await mock();
@@ -47,12 +51,14 @@ describe('sdk-fixtures', () => {
     run.run!.name = 'number';
     fixture.exchanges[2]!.response.status = 200;
     const { differences } = await replayFixture(fixture, { server: server.url, key: 'replay-key' });
-    expect(differences).toEqual(expect.arrayContaining([
-      expect.stringMatching(/#2 POST \/v1\/loops\/runs: \.run\.renamed_field: missing/),
-      expect.stringMatching(/#2 .*\.run\.status: not in the fixture/),
-      expect.stringMatching(/#2 .*\.run\.name: expected number, got string/),
-      expect.stringMatching(/#3 POST \{base_url_2\}\/sample: status 408, the fixture has 200/),
-    ]));
+    expect(differences).toEqual(
+      expect.arrayContaining([
+        expect.stringMatching(/#2 POST \/v1\/loops\/runs: \.run\.renamed_field: missing/),
+        expect.stringMatching(/#2 .*\.run\.status: not in the fixture/),
+        expect.stringMatching(/#2 .*\.run\.name: expected number, got string/),
+        expect.stringMatching(/#3 POST \{base_url_2\}\/sample: status 408, the fixture has 200/),
+      ]),
+    );
   }, 60_000);
 
   it('record then replay round-trips: a flow recorded in front of one mock replays on another', async () => {
@@ -86,7 +92,11 @@ describe('the record and replay commands', () => {
     const child = spawn(node, [...args], { cwd: root, stdio: ['ignore', 'pipe', 'inherit'] });
     const url = await new Promise<string>((done) => {
       let text = '';
-      child.stdout!.on('data', (d) => { text += d; const m = /^LOOPS_BASE_URL=(\S+)$/m.exec(text); if (m && text.includes('# loops-mock')) done(m[1]!); });
+      child.stdout!.on('data', (d) => {
+        text += d;
+        const m = /^LOOPS_BASE_URL=(\S+)$/m.exec(text);
+        if (m && text.includes('# loops-mock')) done(m[1]!);
+      });
     });
     const headers = { authorization: 'Bearer by-hand-key', 'content-type': 'application/json' };
     const session = await (await fetch(`${url}/v1/loops/sessions`, { method: 'POST', headers })).json();
@@ -97,17 +107,22 @@ describe('the record and replay commands', () => {
     const file = join(out, 'by-hand.json');
     const fixture = JSON.parse(readFileSync(file, 'utf8')) as Fixture;
     expect(fixture.exchanges.map((e) => [e.request.method, e.request.url, e.response.status])).toEqual([
-      ['POST', '/v1/loops/sessions', 200], ['GET', '/v1/loops/sessions/{id_1}', 200], ['POST', '/v1/loops/runs', 400],
+      ['POST', '/v1/loops/sessions', 200],
+      ['GET', '/v1/loops/sessions/{id_1}', 200],
+      ['POST', '/v1/loops/runs', 400],
     ]);
     const other = await mock();
     const [rnode, rargs] = tsx('conformance/cli.ts', ['replay', '--server', other.url, '--key', 'k2', '--fixtures', out]);
     // Asynchronously: the endpoint it replays against lives in this process.
-    const run = () => new Promise<{ status: number | null; stdout: string }>((done) => {
-      const c = spawn(rnode, [...rargs], { cwd: root, stdio: ['ignore', 'pipe', 'inherit'] });
-      let stdout = '';
-      c.stdout!.on('data', (d) => { stdout += d; });
-      c.on('close', (status) => done({ status, stdout }));
-    });
+    const run = () =>
+      new Promise<{ status: number | null; stdout: string }>((done) => {
+        const c = spawn(rnode, [...rargs], { cwd: root, stdio: ['ignore', 'pipe', 'inherit'] });
+        let stdout = '';
+        c.stdout!.on('data', (d) => {
+          stdout += d;
+        });
+        c.on('close', (status) => done({ status, stdout }));
+      });
     const ok = await run();
     expect([ok.status, ok.stdout]).toEqual([0, expect.stringContaining('OK   by-hand (3 exchanges)')]);
     fixture.exchanges[2]!.response.status = 404;
@@ -118,13 +133,16 @@ describe('the record and replay commands', () => {
   }, 60_000);
 
   it('refuse missing or bad arguments with one clear line and exit status 2', async () => {
-    const run = (script: string, args: string[]) => new Promise<{ status: number | null; stderr: string }>((done) => {
-      const [node, full] = tsx(script, args);
-      const c = spawn(node, [...full], { cwd: root, stdio: ['ignore', 'ignore', 'pipe'] });
-      let stderr = '';
-      c.stderr!.on('data', (d) => { stderr += d; });
-      c.on('close', (status) => done({ status, stderr }));
-    });
+    const run = (script: string, args: string[]) =>
+      new Promise<{ status: number | null; stderr: string }>((done) => {
+        const [node, full] = tsx(script, args);
+        const c = spawn(node, [...full], { cwd: root, stdio: ['ignore', 'ignore', 'pipe'] });
+        let stderr = '';
+        c.stderr!.on('data', (d) => {
+          stderr += d;
+        });
+        c.on('close', (status) => done({ status, stderr }));
+      });
     for (const [script, args, fragment] of [
       ['server/cli.ts', ['record', '--out', '/tmp/x'], 'record needs --upstream URL'],
       ['server/cli.ts', ['record', '--upstream', 'ftp://x', '--out', '/tmp/x'], 'record needs --upstream URL'],

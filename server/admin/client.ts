@@ -30,7 +30,10 @@ export interface ClockView {
 
 /** An admin API call that did not answer 2xx: the status and the server's error body. */
 export class MockAdminError extends Error {
-  constructor(readonly status: number, readonly body: unknown) {
+  constructor(
+    readonly status: number,
+    readonly body: unknown,
+  ) {
     super(`loops-mock admin API answered ${status}: ${JSON.stringify(body)}`);
   }
 }
@@ -40,14 +43,21 @@ export class MockAdminError extends Error {
  * loops-mock: `new MockAdmin(server.url, token)`.
  */
 export class MockAdmin {
-  constructor(private readonly baseUrl: string, private readonly token?: string) {}
+  constructor(
+    private readonly baseUrl: string,
+    private readonly token?: string,
+  ) {}
 
   reset(): Promise<{ reset: boolean }> {
     return this.call('POST', '/_mock/reset');
   }
 
   journal(query: JournalQuery = {}): Promise<{ entries: JournalEntry[]; next_since: number; evicted: number }> {
-    const params = new URLSearchParams(Object.entries(query).filter(([, v]) => v !== undefined).map(([k, v]) => [k, String(v)]));
+    const params = new URLSearchParams(
+      Object.entries(query)
+        .filter(([, v]) => v !== undefined)
+        .map(([k, v]) => [k, String(v)]),
+    );
     const qs = params.size ? `?${params}` : '';
     return this.call('GET', `/_mock/journal${qs}`);
   }
@@ -117,7 +127,9 @@ export class MockAdmin {
   }
 
   /** Applies a shipped scenario by name, a scenario object, or JSON/YAML text. */
-  applyScenario(scenario: { name: string } | { scenario: ScenarioSpec } | { text: string }): Promise<{ name: string | null; faults: number; progress: number }> {
+  applyScenario(
+    scenario: { name: string } | { scenario: ScenarioSpec } | { text: string },
+  ): Promise<{ name: string | null; faults: number; progress: number }> {
     return this.call('POST', '/_mock/scenario', scenario);
   }
 

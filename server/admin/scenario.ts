@@ -34,19 +34,29 @@ export function shippedScenarioDir(): string | undefined {
 export function shippedScenarioNames(): string[] {
   const dir = shippedScenarioDir();
   if (!dir) return [];
-  return readdirSync(dir).filter((f) => /\.(ya?ml|json)$/.test(f)).map((f) => f.replace(/\.(ya?ml|json)$/, '')).sort();
+  return readdirSync(dir)
+    .filter((f) => /\.(ya?ml|json)$/.test(f))
+    .map((f) => f.replace(/\.(ya?ml|json)$/, ''))
+    .sort();
 }
 
 /** A scenario file's text: the name of a shipped scenario, or (from the command line only) a path to a file. */
 export function readScenarioSource(nameOrPath: string, allowFiles = true): { text: string; source: string } {
   if (allowFiles && existsSync(nameOrPath) && statSync(nameOrPath).isFile()) return { text: readFileSync(nameOrPath, 'utf8'), source: resolve(nameOrPath) };
-  if (!/^[A-Za-z0-9._-]+$/.test(nameOrPath)) throw notFound(`No scenario file '${nameOrPath}'${allowFiles ? '' : ' (over HTTP only shipped scenario names are accepted; post a file\'s content as {text})'}.`, { field: 'scenario' });
+  if (!/^[A-Za-z0-9._-]+$/.test(nameOrPath))
+    throw notFound(
+      `No scenario file '${nameOrPath}'${allowFiles ? '' : " (over HTTP only shipped scenario names are accepted; post a file's content as {text})"}.`,
+      { field: 'scenario' },
+    );
   const dir = shippedScenarioDir();
   for (const ext of ['yaml', 'yml', 'json']) {
     const file = dir && join(dir, `${nameOrPath}.${ext}`);
     if (file && existsSync(file)) return { text: readFileSync(file, 'utf8'), source: file };
   }
-  throw notFound(`No scenario file '${nameOrPath}' and no shipped scenario of that name. Shipped: ${shippedScenarioNames().join(', ') || 'none found'}.`, { field: 'scenario', shipped: shippedScenarioNames() });
+  throw notFound(`No scenario file '${nameOrPath}' and no shipped scenario of that name. Shipped: ${shippedScenarioNames().join(', ') || 'none found'}.`, {
+    field: 'scenario',
+    shipped: shippedScenarioNames(),
+  });
 }
 
 const validate = validatorCompiler({ schema: Scenario, httpPart: 'body', method: 'POST', url: '/_mock/scenario' }) as unknown as {
@@ -78,7 +88,10 @@ export function parseScenario(text: string, source = 'scenario'): ScenarioSpec {
     const errors = validate.errors!;
     const problem = describeValidationErrors(errors, 'scenario');
     const first = errors.find((e) => e.keyword !== 'anyOf' && e.keyword !== 'oneOf') ?? errors[0]!;
-    const path = first.instancePath.split('/').filter(Boolean).map((s) => (/^\d+$/.test(s) ? Number(s) : s));
+    const path = first.instancePath
+      .split('/')
+      .filter(Boolean)
+      .map((s) => (/^\d+$/.test(s) ? Number(s) : s));
     if (first.keyword === 'additionalProperties') path.push(String(first.params.additionalProperty));
     const line = lineOf(doc, lines, path);
     throw invalid(`${source}:${line}: ${problem.message}`, { field: problem.field, line });
@@ -114,7 +127,10 @@ function checkRules(spec: ScenarioSpec, lineOf: (path: (string | number)[]) => n
     } catch (err) {
       if (!(err instanceof LoopsError)) throw err;
       const inner = String(err.details.field ?? '');
-      const prefix = path.map((p) => (typeof p === 'number' ? `[${p}]` : `.${p}`)).join('').slice(1);
+      const prefix = path
+        .map((p) => (typeof p === 'number' ? `[${p}]` : `.${p}`))
+        .join('')
+        .slice(1);
       const line = lineOf([...path, ...inner.split('.').filter(Boolean)]);
       throw invalid(`${source}:${line}: ${prefix}: ${err.message}`, { field: `${prefix}${inner ? `.${inner}` : ''}`, line });
     }

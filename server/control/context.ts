@@ -27,7 +27,11 @@ export function answerKey(request: Pick<FastifyRequest, 'principal' | 'routeOpti
 /** A parameter object as text, its keys sorted (values are validated scalars). */
 function canonical(values: unknown): string {
   if (typeof values !== 'object' || values === null) return '';
-  return JSON.stringify(Object.entries(values as Record<string, unknown>).filter(([, v]) => v !== undefined).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+  return JSON.stringify(
+    Object.entries(values as Record<string, unknown>)
+      .filter(([, v]) => v !== undefined)
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)),
+  );
 }
 
 /** Response schemas of a route: its 200 body. Errors share one shape, which /openapi.json adds to every route. */

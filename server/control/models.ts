@@ -9,12 +9,15 @@ import { replies } from './context.js';
 
 const Nullable = <T extends Parameters<typeof Type.Union>[0][number]>(t: T) => Type.Union([t, Type.Null()]);
 
-export const DeployCheckpointsRequest = Type.Object({
-  checkpoint_ids: Type.Array(Type.String({ minLength: 1 }), { minItems: 1 }),
-  model_name: Type.Optional(Nullable(Type.String())),
-  instance_type_id: Type.Optional(Nullable(Type.String())),
-  hf_secret_name: Type.Optional(Nullable(Type.String())),
-}, { title: 'DeployLoopsCheckpointsRequestV1' });
+export const DeployCheckpointsRequest = Type.Object(
+  {
+    checkpoint_ids: Type.Array(Type.String({ minLength: 1 }), { minItems: 1 }),
+    model_name: Type.Optional(Nullable(Type.String())),
+    instance_type_id: Type.Optional(Nullable(Type.String())),
+    hf_secret_name: Type.Optional(Nullable(Type.String())),
+  },
+  { title: 'DeployLoopsCheckpointsRequestV1' },
+);
 
 const InferenceUrls = Type.Object({
   base_url: Type.String(),
@@ -23,41 +26,53 @@ const InferenceUrls = Type.Object({
   models: Type.String(),
 });
 
-export const DeployCheckpointsResponse = Type.Object({
-  model_id: Type.String(),
-  deployment_id: Type.String(),
-  model_name: Type.String(),
-  base_model: Type.String(),
-  status: Type.String(),
-  checkpoints: Type.Array(Type.Object({ id: Type.String(), checkpoint_id: Type.String(), model: Type.String() })),
-  inference: InferenceUrls,
-}, { title: 'DeployLoopsCheckpointsResponseV1' });
+export const DeployCheckpointsResponse = Type.Object(
+  {
+    model_id: Type.String(),
+    deployment_id: Type.String(),
+    model_name: Type.String(),
+    base_model: Type.String(),
+    status: Type.String(),
+    checkpoints: Type.Array(Type.Object({ id: Type.String(), checkpoint_id: Type.String(), model: Type.String() })),
+    inference: InferenceUrls,
+  },
+  { title: 'DeployLoopsCheckpointsResponseV1' },
+);
 
-export const CheckpointSourceResponse = Type.Object({
-  checkpoint_id: Type.String(),
-  id: Type.String(),
-  source_type: Type.Literal('s3'),
-  checkpoint_path: Type.String(),
-  files_url: Type.String(),
-  volume: Type.Null(),
-}, { title: 'LoopsCheckpointSourceV1' });
+export const CheckpointSourceResponse = Type.Object(
+  {
+    checkpoint_id: Type.String(),
+    id: Type.String(),
+    source_type: Type.Literal('s3'),
+    checkpoint_path: Type.String(),
+    files_url: Type.String(),
+    volume: Type.Null(),
+  },
+  { title: 'LoopsCheckpointSourceV1' },
+);
 
-export const ModelV1 = Type.Object({
-  id: Type.String(),
-  created_at: Type.String(),
-  name: Type.String(),
-  deployments_count: Type.Integer(),
-  production_deployment_id: Nullable(Type.String()),
-  development_deployment_id: Nullable(Type.String()),
-  instance_type_name: Type.String(),
-  team_name: Type.String(),
-}, { title: 'ModelV1' });
+export const ModelV1 = Type.Object(
+  {
+    id: Type.String(),
+    created_at: Type.String(),
+    name: Type.String(),
+    deployments_count: Type.Integer(),
+    production_deployment_id: Nullable(Type.String()),
+    development_deployment_id: Nullable(Type.String()),
+    instance_type_name: Type.String(),
+    team_name: Type.String(),
+  },
+  { title: 'ModelV1' },
+);
 
 const ModelIdParams = Type.Object({ model_id: Type.String() });
 
 /** How a deployed checkpoint is shown: the deploy answer, Baseten's ModelV1 and DeploymentV1. */
 export class ModelViews {
-  constructor(private readonly core: LoopsCore, private readonly urls: PublicUrls) {}
+  constructor(
+    private readonly core: LoopsCore,
+    private readonly urls: PublicUrls,
+  ) {}
 
   inference(r: ModelDeploymentRecord) {
     const base = this.urls.modelDeployment(r);
@@ -102,7 +117,9 @@ export class ModelViews {
       is_development: false,
       status,
       active_replica_count: ready ? 1 : 0,
-      autoscaling_settings: ready ? { min_replica: 1, max_replica: 1, autoscaling_window: 60, scale_down_delay: 900, concurrency_target: 1, target_utilization_percentage: 70 } : null,
+      autoscaling_settings: ready
+        ? { min_replica: 1, max_replica: 1, autoscaling_window: 60, scale_down_delay: 900, concurrency_target: 1, target_utilization_percentage: 70 }
+        : null,
       instance_type_name: r.instance_type_id,
       environment: 'production',
       request_backpressure_settings: {},
@@ -110,7 +127,14 @@ export class ModelViews {
   }
 
   source(c: CheckpointRecord) {
-    return { checkpoint_id: c.name, id: c.id, source_type: 's3' as const, checkpoint_path: checkpointPath(c), files_url: this.urls.download(`/v1/loops/checkpoints/${c.id}/files`), volume: null };
+    return {
+      checkpoint_id: c.name,
+      id: c.id,
+      source_type: 's3' as const,
+      checkpoint_path: checkpointPath(c),
+      files_url: this.urls.download(`/v1/loops/checkpoints/${c.id}/files`),
+      volume: null,
+    };
   }
 }
 
@@ -119,9 +143,17 @@ export function modelRoutes(app: TypedApp, ctx: ControlContext, views: ModelView
   const { core } = ctx;
   const tags = ['models'];
 
-  app.get('/v1/models', {
-    schema: { tags, summary: 'All models of your organisation: each checkpoint deployment to inference', response: replies(Type.Object({ models: Type.Array(ModelV1) })) },
-  }, (req) => ({ models: core.modelDeployments.list(req.principal).map((r) => views.model(req.principal, r)) }));
+  app.get(
+    '/v1/models',
+    {
+      schema: {
+        tags,
+        summary: 'All models of your organisation: each checkpoint deployment to inference',
+        response: replies(Type.Object({ models: Type.Array(ModelV1) })),
+      },
+    },
+    (req) => ({ models: core.modelDeployments.list(req.principal).map((r) => views.model(req.principal, r)) }),
+  );
 
   const modelOf = (req: { principal: Principal }, id: string) => {
     const r = core.modelDeployments.findModel(req.principal, id);
@@ -129,20 +161,37 @@ export function modelRoutes(app: TypedApp, ctx: ControlContext, views: ModelView
     return r;
   };
 
-  app.get('/v1/models/:model_id', {
-    schema: { tags, summary: 'A model by id', params: ModelIdParams, response: replies(ModelV1) },
-  }, (req) => views.model(req.principal, modelOf(req, req.params.model_id)));
+  app.get(
+    '/v1/models/:model_id',
+    {
+      schema: { tags, summary: 'A model by id', params: ModelIdParams, response: replies(ModelV1) },
+    },
+    (req) => views.model(req.principal, modelOf(req, req.params.model_id)),
+  );
 
-  app.get('/v1/models/:model_id/deployments', {
-    schema: { tags, summary: "A model's deployments", params: ModelIdParams },
-  }, (req) => ({ deployments: [views.deployment(modelOf(req, req.params.model_id))] }));
+  app.get(
+    '/v1/models/:model_id/deployments',
+    {
+      schema: { tags, summary: "A model's deployments", params: ModelIdParams },
+    },
+    (req) => ({ deployments: [views.deployment(modelOf(req, req.params.model_id))] }),
+  );
 
-  app.delete('/v1/models/:model_id', {
-    schema: { tags, summary: 'Delete a model and its deployment (it stops serving and leaves every route)', params: ModelIdParams, response: replies(Type.Object({ id: Type.String(), deleted: Type.Boolean() })) },
-  }, (req) => {
-    const r = modelOf(req, req.params.model_id);
-    core.accounts.requireMember(req.principal, r.team_id, `delete model ${r.model_id}`);
-    core.modelDeployments.delete(r);
-    return { id: r.model_id, deleted: true };
-  });
+  app.delete(
+    '/v1/models/:model_id',
+    {
+      schema: {
+        tags,
+        summary: 'Delete a model and its deployment (it stops serving and leaves every route)',
+        params: ModelIdParams,
+        response: replies(Type.Object({ id: Type.String(), deleted: Type.Boolean() })),
+      },
+    },
+    (req) => {
+      const r = modelOf(req, req.params.model_id);
+      core.accounts.requireMember(req.principal, r.team_id, `delete model ${r.model_id}`);
+      core.modelDeployments.delete(r);
+      return { id: r.model_id, deleted: true };
+    },
+  );
 }

@@ -36,7 +36,10 @@ function loraAdapterSummary(config: Record<string, unknown> | null): { r: number
 
 /** Shapes core records into the wire objects of Baseten's schema. */
 export class Views {
-  constructor(private readonly core: LoopsCore, private readonly urls: PublicUrls) {}
+  constructor(
+    private readonly core: LoopsCore,
+    private readonly urls: PublicUrls,
+  ) {}
 
   user(o: { user_id: string; org_id: string }) {
     return { email: this.core.accounts.emailOf(o.user_id) };
@@ -105,9 +108,19 @@ export class Views {
       status: s.status,
       active_replica_count: ready ? s.replicas : 0,
       // Upstream: null until the model has finished deploying.
-      autoscaling_settings: ready || s.status === 'SCALED_TO_ZERO' || s.status === 'WAKING_UP'
-        ? { min_replica: 0, max_replica: s.replicas, autoscaling_window: 60, scale_down_delay: 900, concurrency_target: 1, target_utilization_percentage: 70, target_in_flight_tokens: null, max_scale_down_rate: null }
-        : null,
+      autoscaling_settings:
+        ready || s.status === 'SCALED_TO_ZERO' || s.status === 'WAKING_UP'
+          ? {
+              min_replica: 0,
+              max_replica: s.replicas,
+              autoscaling_window: 60,
+              scale_down_delay: 900,
+              concurrency_target: 1,
+              target_utilization_percentage: 70,
+              target_in_flight_tokens: null,
+              max_scale_down_rate: null,
+            }
+          : null,
       instance_type_name: INSTANCE_TYPE.name,
       environment: 'production',
       labels: { 'loops-sampler-id': s.id, ...(s.run_id ? { 'loops-run-id': s.run_id } : {}) },

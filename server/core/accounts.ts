@@ -16,7 +16,10 @@ const DEFAULT_TEAM_NAME = 'Default Team';
 /** A stable 7-character lowercase id derived from `parts`: the same key always maps to the same user. */
 function stableId(...parts: string[]): string {
   const digest = createHash('sha256').update(parts.join('\u0000')).digest();
-  return BigInt('0x' + digest.subarray(0, 8).toString('hex')).toString(36).padStart(7, '0').slice(-7);
+  return BigInt('0x' + digest.subarray(0, 8).toString('hex'))
+    .toString(36)
+    .padStart(7, '0')
+    .slice(-7);
 }
 
 /**
@@ -31,7 +34,11 @@ export class Accounts {
   /** Configured keys (by hash); null when any key is accepted. */
   private readonly allowed: Map<string, ApiKeySpec> | null;
 
-  constructor(private readonly store: Store, private readonly clock: Clock, apiKeys: ApiKeySpec[]) {
+  constructor(
+    private readonly store: Store,
+    private readonly clock: Clock,
+    apiKeys: ApiKeySpec[],
+  ) {
     for (const o of store.load<OrgRecord>('org')) this.orgs.set(o.id, o);
     for (const t of store.load<TeamRecord>('team')) this.teams.set(t.id, t);
     for (const u of store.load<UserRecord>('user')) this.users.set(u.id, u);
@@ -87,7 +94,11 @@ export class Accounts {
     const team = this.teams.get(teamId);
     if (team && team.org_id === p.org_id && (team.id === p.team_id || team.is_default)) return;
     const own = this.teams.get(p.team_id)?.name ?? p.team_id;
-    throw new LoopsError('forbidden', `Cannot ${what}: it belongs to team '${team?.name ?? teamId}', and your key acts in team '${own}' and your organisation's Default Team. Other teams' resources can be read (scope=org), not changed: use a key of that team.`, { field: 'team_id', team_id: teamId });
+    throw new LoopsError(
+      'forbidden',
+      `Cannot ${what}: it belongs to team '${team?.name ?? teamId}', and your key acts in team '${own}' and your organisation's Default Team. Other teams' resources can be read (scope=org), not changed: use a key of that team.`,
+      { field: 'team_id', team_id: teamId },
+    );
   }
 
   /** A team of the caller's organisation, or 404. */
@@ -135,5 +146,10 @@ function keyHash(key: string): string {
 }
 
 function slug(s: string): string {
-  return s.toLowerCase().replace(/[^a-z0-9]+/g, '-').replace(/^-|-$/g, '') || 'org';
+  return (
+    s
+      .toLowerCase()
+      .replace(/[^a-z0-9]+/g, '-')
+      .replace(/^-|-$/g, '') || 'org'
+  );
 }

@@ -29,14 +29,19 @@ export function checkpointPath(c: Pick<CheckpointRecord, 'run_id' | 'target' | '
 export function parseCheckpointPath(path: string, field: string): ParsedCheckpointPath {
   const m = CHECKPOINT_PATH.exec(path);
   if (!m || !SAFE_NAME.test(m[3]!)) {
-    throw invalid(`${field} '${path}' is not a Loops checkpoint path: expected bt://loops:<run_id>/weights/<name> or bt://loops:<run_id>/sampler_weights/<name>.`, { field });
+    throw invalid(
+      `${field} '${path}' is not a Loops checkpoint path: expected bt://loops:<run_id>/weights/<name> or bt://loops:<run_id>/sampler_weights/<name>.`,
+      { field },
+    );
   }
   return { runId: m[1]!, target: m[2] === 'weights' ? 'trainer' : 'sampler', name: m[3]! };
 }
 
 export function assertSafeCheckpointName(name: string, field: string): void {
   if (!SAFE_NAME.test(name)) {
-    throw invalid(`${field} '${name}' is not a safe checkpoint name: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit (no '/').`, { field });
+    throw invalid(`${field} '${name}' is not a safe checkpoint name: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit (no '/').`, {
+      field,
+    });
   }
 }
 
@@ -97,9 +102,18 @@ export function readManifest(folder: string): { record: CheckpointRecord } | { p
     return { problem: `its ${MANIFEST_FILE} is not JSON (${(err as Error).message})` };
   }
   const r = parsed?.record;
-  if (parsed?.format !== MANIFEST_FORMAT || !r || typeof r.id !== 'string' || typeof r.run_id !== 'string' || typeof r.org_id !== 'string'
-    || (r.target !== 'trainer' && r.target !== 'sampler') || typeof r.name !== 'string' || !SAFE_NAME.test(r.name) || !Array.isArray(r.files)
-    || !r.files.every((f) => typeof f?.relative_file_name === 'string' && SAFE_FILE.test(f.relative_file_name) && Number.isInteger(f.size_bytes))) {
+  if (
+    parsed?.format !== MANIFEST_FORMAT ||
+    !r ||
+    typeof r.id !== 'string' ||
+    typeof r.run_id !== 'string' ||
+    typeof r.org_id !== 'string' ||
+    (r.target !== 'trainer' && r.target !== 'sampler') ||
+    typeof r.name !== 'string' ||
+    !SAFE_NAME.test(r.name) ||
+    !Array.isArray(r.files) ||
+    !r.files.every((f) => typeof f?.relative_file_name === 'string' && SAFE_FILE.test(f.relative_file_name) && Number.isInteger(f.size_bytes))
+  ) {
     return { problem: `its ${MANIFEST_FILE} is not a ${MANIFEST_FORMAT} manifest` };
   }
   return { record: r as CheckpointRecord };
@@ -124,7 +138,9 @@ class DirectoryBlobs implements BlobStore {
   write(record: CheckpointRecord, files: CheckpointFileInput[]): void {
     let placed = false;
     try {
-      this.place(record, files, () => { placed = true; });
+      this.place(record, files, () => {
+        placed = true;
+      });
     } catch (err) {
       // A write refused part way (a full disk) leaves no scratch folder holding space, and the version it replaces in place.
       rmSync(join(this.root, `.${record.id}.partial`), { recursive: true, force: true });
@@ -213,7 +229,11 @@ class DirectoryBlobs implements BlobStore {
       else if (previous || SCRATCH.test(name)) rmSync(join(this.root, name), { recursive: true, force: true });
     }
     syncFolder(this.root);
-    return { unrecorded: readdirSync(this.root).filter((name) => !records.has(name)).sort() };
+    return {
+      unrecorded: readdirSync(this.root)
+        .filter((name) => !records.has(name))
+        .sort(),
+    };
   }
 
   read(id: string, relative: string): Buffer | undefined {
@@ -272,7 +292,12 @@ export class Checkpoints {
   /** What the start found in the checkpoints folder (nothing without a data dir). */
   readonly recovery: RecoveryReport = { unrecorded: [] };
 
-  constructor(private readonly store: Store, private readonly clock: Clock, dataDir: string | undefined, private readonly presignTtlMs: number) {
+  constructor(
+    private readonly store: Store,
+    private readonly clock: Clock,
+    dataDir: string | undefined,
+    private readonly presignTtlMs: number,
+  ) {
     this.where = dataDir ?? '(memory)';
     for (const c of store.load<CheckpointRecord>('checkpoint')) this.records.set(c.id, c);
     if (dataDir) {
@@ -293,7 +318,13 @@ export class Checkpoints {
    * Saves a checkpoint of `run`. Saving a name that exists replaces it: the
    * record keeps its global id, and the new files take the place of the old.
    */
-  save(run: RunRecord, target: CheckpointTarget, name: string, files: CheckpointFileInput[], loraAdapterConfig: Record<string, unknown> | null): CheckpointRecord {
+  save(
+    run: RunRecord,
+    target: CheckpointTarget,
+    name: string,
+    files: CheckpointFileInput[],
+    loraAdapterConfig: Record<string, unknown> | null,
+  ): CheckpointRecord {
     assertSafeCheckpointName(name, 'name');
     for (const f of files) {
       if (!SAFE_FILE.test(f.relative_file_name)) throw invalid(`Unsafe checkpoint file name '${f.relative_file_name}'.`, { field: 'relative_file_name' });
@@ -342,11 +373,18 @@ export class Checkpoints {
   resolve(p: Principal, path: string, field: string, expected?: CheckpointTarget): CheckpointRecord {
     const parsed = parseCheckpointPath(path, field);
     if (expected && parsed.target !== expected) {
-      const want = expected === 'trainer' ? 'a trainer checkpoint (bt://loops:<run_id>/weights/<name>)' : 'a sampler checkpoint (bt://loops:<run_id>/sampler_weights/<name>)';
+      const want =
+        expected === 'trainer'
+          ? 'a trainer checkpoint (bt://loops:<run_id>/weights/<name>)'
+          : 'a sampler checkpoint (bt://loops:<run_id>/sampler_weights/<name>)';
       throw invalid(`${field} must name ${want}; '${path}' is a ${parsed.target} checkpoint.`, { field });
     }
     const c = this.find(parsed.runId, parsed.target, parsed.name);
-    if (!c || c.org_id !== p.org_id) throw invalid(`${field} '${path}' does not name a checkpoint you can access: GET /v1/loops/checkpoints?run_id=${parsed.runId} lists that run's checkpoints.`, { field });
+    if (!c || c.org_id !== p.org_id)
+      throw invalid(
+        `${field} '${path}' does not name a checkpoint you can access: GET /v1/loops/checkpoints?run_id=${parsed.runId} lists that run's checkpoints.`,
+        { field },
+      );
     // Checked now, so that a damaged checkpoint is refused here rather than loaded into a trainer or sampler.
     this.readFiles(c);
     return c;
@@ -356,7 +394,9 @@ export class Checkpoints {
   list(p: Principal, filter: { run_id?: string; base_model?: string; checkpoint_path?: string }): CheckpointRecord[] {
     const given = Object.entries(filter).filter(([, v]) => v !== undefined);
     if (given.length !== 1) {
-      throw invalid(`Give exactly one filter of run_id, base_model or checkpoint_path (got ${given.length ? given.map(([k]) => k).join(', ') : 'none'}).`, { field: 'query' });
+      throw invalid(`Give exactly one filter of run_id, base_model or checkpoint_path (got ${given.length ? given.map(([k]) => k).join(', ') : 'none'}).`, {
+        field: 'query',
+      });
     }
     const all = [...this.records.values()].filter((c) => c.org_id === p.org_id);
     let out: CheckpointRecord[];
@@ -372,7 +412,8 @@ export class Checkpoints {
 
   get(p: Principal, id: string): CheckpointRecord {
     const c = this.records.get(id);
-    if (!c || c.org_id !== p.org_id) throw notFound(`Checkpoint '${id}' not found. Use the checkpoint's \`id\` from GET /v1/loops/checkpoints.`, { field: 'checkpoint_id' });
+    if (!c || c.org_id !== p.org_id)
+      throw notFound(`Checkpoint '${id}' not found. Use the checkpoint's \`id\` from GET /v1/loops/checkpoints.`, { field: 'checkpoint_id' });
     return c;
   }
 
@@ -390,10 +431,11 @@ export class Checkpoints {
    */
   private readChecked(c: CheckpointRecord, f: CheckpointFileRecord): Buffer {
     const bytes = this.blobs.read(c.id, f.relative_file_name);
-    const damaged = (what: string) => conflict(
-      `Checkpoint ${checkpointPath(c)} (id ${c.id}) is damaged: its file '${f.relative_file_name}' ${what}. It cannot be loaded, served or downloaded; save it again from a trainer (or put the original file back).`,
-      { type_detail: 'checkpoint_damaged', checkpoint_id: c.id, relative_file_name: f.relative_file_name },
-    );
+    const damaged = (what: string) =>
+      conflict(
+        `Checkpoint ${checkpointPath(c)} (id ${c.id}) is damaged: its file '${f.relative_file_name}' ${what}. It cannot be loaded, served or downloaded; save it again from a trainer (or put the original file back).`,
+        { type_detail: 'checkpoint_damaged', checkpoint_id: c.id, relative_file_name: f.relative_file_name },
+      );
     if (!bytes) throw damaged('is missing from its folder');
     if (bytes.byteLength !== f.size_bytes) throw damaged(`is ${bytes.byteLength} bytes; the save wrote ${f.size_bytes}`);
     if (f.sha256 !== undefined && sha256Of(bytes) !== f.sha256) throw damaged('does not match the SHA-256 recorded when it was saved');
@@ -426,12 +468,17 @@ export class Checkpoints {
    */
   download(id: string, relative: string, expires: number, signature: string, caller?: Principal): Buffer {
     const c = this.records.get(id);
-    const denied = () => new LoopsError('forbidden', 'The download URL is not valid: its signature does not match. Ask GET /v1/loops/checkpoints/{checkpoint_id}/files for a fresh URL.');
+    const denied = () =>
+      new LoopsError(
+        'forbidden',
+        'The download URL is not valid: its signature does not match. Ask GET /v1/loops/checkpoints/{checkpoint_id}/files for a fresh URL.',
+      );
     if (!c) throw denied();
     const expected = Buffer.from(this.sign(c, relative, expires));
     const given = Buffer.from(signature);
     if (expected.length !== given.length || !timingSafeEqual(expected, given)) throw denied();
-    if (this.clock.now() > expires) throw new LoopsError('forbidden', 'The download URL has expired. Ask GET /v1/loops/checkpoints/{checkpoint_id}/files for a fresh URL.');
+    if (this.clock.now() > expires)
+      throw new LoopsError('forbidden', 'The download URL has expired. Ask GET /v1/loops/checkpoints/{checkpoint_id}/files for a fresh URL.');
     if (caller && caller.org_id !== c.org_id) throw new LoopsError('forbidden', 'This download URL belongs to another organisation.');
     const file = c.files.find((f) => f.relative_file_name === relative);
     if (!file) throw notFound(`Checkpoint ${c.id} has no file '${relative}'.`);
@@ -439,6 +486,8 @@ export class Checkpoints {
   }
 
   private sign(c: CheckpointRecord, relative: string, expires: number): string {
-    return createHmac('sha256', this.secret).update([c.id, c.org_id, relative, String(expires)].join('\n')).digest('base64url');
+    return createHmac('sha256', this.secret)
+      .update([c.id, c.org_id, relative, String(expires)].join('\n'))
+      .digest('base64url');
   }
 }

@@ -51,7 +51,11 @@ export class ManualClock implements Clock {
   setTimer(delayMs: number, fn: () => void): Timer {
     const timer: PendingTimer = { at: this.current + Math.max(0, delayMs), seq: this.seq++, fn, cancelled: false };
     this.pending.push(timer);
-    return { cancel: () => { timer.cancelled = true; } };
+    return {
+      cancel: () => {
+        timer.cancelled = true;
+      },
+    };
   }
 
   /** Moves time forward by `ms`, firing every timer that falls due on the way, each at its own time. */

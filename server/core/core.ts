@@ -84,7 +84,9 @@ export class LoopsCore {
   private readonly resetListeners: (() => void)[] = [];
   private readonly lifecycleListeners: ((line: LogRecord) => void)[] = [];
   private readonly storageListeners: ((level: 'warn' | 'info', message: string) => void)[] = [];
-  private readonly tellStorage = (level: 'warn' | 'info', message: string) => { for (const l of this.storageListeners) l(level, message); };
+  private readonly tellStorage = (level: 'warn' | 'info', message: string) => {
+    for (const l of this.storageListeners) l(level, message);
+  };
 
   constructor(private readonly options: CoreOptions = {}) {
     this.clock = options.clock ?? new RealClock();
@@ -102,7 +104,9 @@ export class LoopsCore {
     this.stopping = new AbortController();
     this.store = new Store(o.dataDir, this.tellStorage);
     this.accounts = new Accounts(this.store, this.clock, o.apiKeys ?? []);
-    this.logs = new DeploymentLogs(this.store, this.clock, (line) => { for (const l of this.lifecycleListeners) l(line); });
+    this.logs = new DeploymentLogs(this.store, this.clock, (line) => {
+      for (const l of this.lifecycleListeners) l(line);
+    });
     this.traffic = new Traffic(this.clock);
     this.checkpoints = new Checkpoints(this.store, this.clock, o.dataDir, o.presignTtlMs ?? 3_600_000);
     this.fleet = new Fleet(this.store, this.clock, this.logs, this.checkpoints, this.settings, this.accounts);
@@ -117,7 +121,17 @@ export class LoopsCore {
     this.operations.onFinish((op) => this.history.operationFinished(op));
     this.samplerWeights = new SamplerWeights();
     this.trainers = new Trainers(this.fleet, this.checkpoints, this.engines, this.operations, this.samplerWeights, this.settings);
-    this.replicas = new SamplerReplicas(this.fleet, this.checkpoints, this.engines, this.samplerWeights, this.clock, this.settings, this.logs, this.history, this.stopping.signal);
+    this.replicas = new SamplerReplicas(
+      this.fleet,
+      this.checkpoints,
+      this.engines,
+      this.samplerWeights,
+      this.clock,
+      this.settings,
+      this.logs,
+      this.history,
+      this.stopping.signal,
+    );
     this.sampling = new Sampling(this.fleet, this.replicas, this.engines, this.clock, this.settings);
     this.modelDeployments = new ModelDeployments(this.store, this.clock, this.checkpoints, this.engines, this.logs, this.settings, this.progress);
     this.inference = new Inference(this.modelDeployments, this.engines, this.clock, this.logs, this.settings);

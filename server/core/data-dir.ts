@@ -97,7 +97,9 @@ export function prepareDataDir(dataDir: string, start: DataDirStart = {}): DataD
   const entries = checkpointEntries(root);
   if (!state.ok && state.unreadable && !start.rebuildRecords) throw new DataDirError(`${state.why}. ${WAYS_OUT}`);
   if (!state.ok && entries.length && !start.rebuildRecords) {
-    throw new DataDirError(`${state.why}, but ${root} holds ${entries.length} checkpoint folder${entries.length === 1 ? '' : 's'} that it would name. ${WAYS_OUT}`);
+    throw new DataDirError(
+      `${state.why}, but ${root} holds ${entries.length} checkpoint folder${entries.length === 1 ? '' : 's'} that it would name. ${WAYS_OUT}`,
+    );
   }
   // With --rebuild-records, a database whose pages or records cannot all be read is set aside too (the core would stop on it).
   const why = !state.ok ? (state.unreadable ? state.why : undefined) : start.rebuildRecords ? unreadableRecords(dataDir) : undefined;
@@ -127,17 +129,28 @@ function rebuildRecords(dataDir: string, root: string, entries: string[]): strin
       const folder = join(root, name);
       if (name.startsWith('.') || !statSync(folder).isDirectory()) continue;
       const found = readManifest(folder);
-      if ('problem' in found) { kept.push(`${name} (${found.problem})`); continue; }
+      if ('problem' in found) {
+        kept.push(`${name} (${found.problem})`);
+        continue;
+      }
       const c = found.record;
       const path = `${c.run_id}/${c.target}/${c.name}`;
-      if (c.id !== name) { kept.push(`${name} (its ${MANIFEST_FILE} names checkpoint ${c.id})`); continue; }
-      if (byPath.has(path)) { kept.push(`${name} (a record already names ${c.target} checkpoint '${c.name}' of run ${c.run_id})`); continue; }
+      if (c.id !== name) {
+        kept.push(`${name} (its ${MANIFEST_FILE} names checkpoint ${c.id})`);
+        continue;
+      }
+      if (byPath.has(path)) {
+        kept.push(`${name} (a record already names ${c.target} checkpoint '${c.name}' of run ${c.run_id})`);
+        continue;
+      }
       store.put('checkpoint', c.id, c);
       recorded.set(c.id, c);
       byPath.add(path);
       rebuilt.push(`${c.id} (${c.target} '${c.name}' of run ${c.run_id})`);
     }
-    const lines = [`--rebuild-records: ${rebuilt.length} checkpoint record${rebuilt.length === 1 ? '' : 's'} rebuilt from ${root}${rebuilt.length ? `: ${rebuilt.join(', ')}` : ''}`];
+    const lines = [
+      `--rebuild-records: ${rebuilt.length} checkpoint record${rebuilt.length === 1 ? '' : 's'} rebuilt from ${root}${rebuilt.length ? `: ${rebuilt.join(', ')}` : ''}`,
+    ];
     if (kept.length) lines.push(`--rebuild-records: kept without a record: ${kept.join('; ')}`);
     return lines;
   } finally {
@@ -149,5 +162,7 @@ function rebuildRecords(dataDir: string, root: string, entries: string[]): strin
 export function unrecordedNote(dataDir: string, unrecorded: string[]): string[] {
   if (!unrecorded.length) return [];
   const shown = unrecorded.slice(0, 10).join(', ') + (unrecorded.length > 10 ? `, and ${unrecorded.length - 10} more` : '');
-  return [`${join(dataDir, 'checkpoints')} holds ${unrecorded.length} entr${unrecorded.length === 1 ? 'y' : 'ies'} no record names, kept and not served: ${shown}. Checkpoint folders among them get their records back with --rebuild-records; anything else is yours to move or remove`];
+  return [
+    `${join(dataDir, 'checkpoints')} holds ${unrecorded.length} entr${unrecorded.length === 1 ? 'y' : 'ies'} no record names, kept and not served: ${shown}. Checkpoint folders among them get their records back with --rebuild-records; anything else is yours to move or remove`,
+  ];
 }

@@ -9,7 +9,11 @@ import type { LogQuery, Store } from './store.js';
  */
 export class DeploymentLogs {
   /** @param onLifecycle told of every line that is not a request's (lifecycle events, for the server log) */
-  constructor(private readonly store: Store, private readonly clock: Clock, private readonly onLifecycle: (line: LogRecord) => void = () => undefined) {}
+  constructor(
+    private readonly store: Store,
+    private readonly clock: Clock,
+    private readonly onLifecycle: (line: LogRecord) => void = () => undefined,
+  ) {}
 
   add(deploymentId: string, level: LogLevel, message: string, replica: string | null = null, requestId: string | null = null): void {
     const line = { deployment_id: deploymentId, ts_ms: this.clock.now(), level, message, replica, request_id: requestId };

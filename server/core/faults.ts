@@ -177,24 +177,39 @@ function validateRule(input: FaultRuleInput): void {
   const needs: Partial<Record<FaultAction['type'], string>> = { respond: 'status', delay: 'ms', fail_operation: 'error_class' };
   const field = needs[a.type];
   if (field && a[field] === undefined) throw invalid(`action.${field} is required for a '${a.type}' action.`, { field: `action.${field}` });
-  if (a.type === 'respond' && !(a.status >= 400 && a.status <= 599)) throw invalid(`action.status ${a.status} is not an error status: use 400..599.`, { field: 'action.status' });
-  if (input.probability !== undefined && !(input.probability > 0 && input.probability <= 1)) throw invalid(`probability must be in (0, 1], got ${input.probability}.`, { field: 'probability' });
+  if (a.type === 'respond' && !(a.status >= 400 && a.status <= 599))
+    throw invalid(`action.status ${a.status} is not an error status: use 400..599.`, { field: 'action.status' });
+  if (input.probability !== undefined && !(input.probability > 0 && input.probability <= 1))
+    throw invalid(`probability must be in (0, 1], got ${input.probability}.`, { field: 'probability' });
   // Headers the rule sends or matches must be real header names and values: a space or CR/LF in them fails every answer later.
-  for (const [where, headers] of [['match.headers', input.match?.headers], ['action.headers', a.type === 'respond' ? a.headers : undefined]] as const) {
+  for (const [where, headers] of [
+    ['match.headers', input.match?.headers],
+    ['action.headers', a.type === 'respond' ? a.headers : undefined],
+  ] as const) {
     for (const [name, value] of Object.entries(headers ?? {})) {
-      if (!HEADER_NAME.test(name)) throw invalid(`${where} name '${name.slice(0, 60)}' is not an HTTP header name: use letters, digits and !#$%&'*+-.^_\`|~, no spaces.`, { field: `${where}.${name}` });
+      if (!HEADER_NAME.test(name))
+        throw invalid(`${where} name '${name.slice(0, 60)}' is not an HTTP header name: use letters, digits and !#$%&'*+-.^_\`|~, no spaces.`, {
+          field: `${where}.${name}`,
+        });
       if (/[\r\n\0]/.test(value)) throw invalid(`${where}.${name} holds a CR, LF or NUL: a header value is one line.`, { field: `${where}.${name}` });
     }
   }
   // A body the rule answers with is sent as JSON on every match: it must serialise, shallowly enough, and small enough.
   if (a.type === 'respond' && a.body !== undefined) {
-    if (depthOf(a.body) > MAX_BODY_DEPTH) throw invalid(`action.body nests more than ${MAX_BODY_DEPTH} levels deep, as deep as an injected body may go; send a flatter one.`, { field: 'action.body' });
+    if (depthOf(a.body) > MAX_BODY_DEPTH)
+      throw invalid(`action.body nests more than ${MAX_BODY_DEPTH} levels deep, as deep as an injected body may go; send a flatter one.`, {
+        field: 'action.body',
+      });
     const size = JSON.stringify(a.body).length;
-    if (size > MAX_BODY_BYTES) throw invalid(`action.body is ${size} bytes as JSON; an injected body may be at most ${MAX_BODY_BYTES}.`, { field: 'action.body' });
+    if (size > MAX_BODY_BYTES)
+      throw invalid(`action.body is ${size} bytes as JSON; an injected body may be at most ${MAX_BODY_BYTES}.`, { field: 'action.body' });
   }
   if (input.match?.route !== undefined) {
     for (const r of Array.isArray(input.match.route) ? input.match.route : [input.match.route]) {
-      if (!r.startsWith('/') || r.includes(':')) throw invalid(`match.route '${r}' must be a route template such as /trainer/{run_id}/optim_step (parameters in braces, as /openapi.json lists them).`, { field: 'match.route' });
+      if (!r.startsWith('/') || r.includes(':'))
+        throw invalid(`match.route '${r}' must be a route template such as /trainer/{run_id}/optim_step (parameters in braces, as /openapi.json lists them).`, {
+          field: 'match.route',
+        });
     }
   }
 }

@@ -122,7 +122,11 @@ export abstract class FleetLifecycle {
 
   /** BUILDING → DEPLOYING → LOADING_MODEL → ACTIVE over the cold start; each step only if nothing stopped it meanwhile. */
   protected walkSampler(s: SamplerRecord): void {
-    const steps: [SamplerStatus, SamplerStatus][] = [['BUILDING', 'DEPLOYING'], ['DEPLOYING', 'LOADING_MODEL'], ['LOADING_MODEL', 'ACTIVE']];
+    const steps: [SamplerStatus, SamplerStatus][] = [
+      ['BUILDING', 'DEPLOYING'],
+      ['DEPLOYING', 'LOADING_MODEL'],
+      ['LOADING_MODEL', 'ACTIVE'],
+    ];
     this.walk(steps, (from, to) => {
       if (s.status === from) this.moveSampler(s, to);
     });
@@ -145,7 +149,10 @@ export abstract class FleetLifecycle {
 
   /** CREATED → DEPLOYING → RUNNING over the cold start. */
   protected walkDeployment(d: DeploymentRecord): void {
-    const steps: [DeploymentStatus, DeploymentStatus][] = [['CREATED', 'DEPLOYING'], ['DEPLOYING', 'RUNNING']];
+    const steps: [DeploymentStatus, DeploymentStatus][] = [
+      ['CREATED', 'DEPLOYING'],
+      ['DEPLOYING', 'RUNNING'],
+    ];
     this.walk(steps, (from, to) => {
       if (d.status !== from) return;
       d.status = to;
@@ -168,7 +175,10 @@ export abstract class FleetLifecycle {
       if (run.status !== 'ACTIVE') return;
       const idleFor = this.clock.now() - (this.lastActivity.get(run.id) ?? run.created_at);
       const limit = this.idleLimitMs(run);
-      const why = this.options.runIdleTimeoutMs === null ? `idle for ${run.scale_down_delay_seconds}s (scale_down_delay_seconds)` : `idle for ${limit} ms (run_idle_timeout_ms setting)`;
+      const why =
+        this.options.runIdleTimeoutMs === null
+          ? `idle for ${run.scale_down_delay_seconds}s (scale_down_delay_seconds)`
+          : `idle for ${limit} ms (run_idle_timeout_ms setting)`;
       if (idleFor >= limit) this.store.transaction(() => this.stopRun(run, why, 'SCALED_TO_ZERO'));
       else this.after(limit - idleFor, check);
     };

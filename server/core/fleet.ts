@@ -129,8 +129,16 @@ export class Fleet extends FleetLifecycle {
         this.logs.add(deployment.id, 'INFO', `Run ${run.id} reuses the trainer of run ${reuse.id}`, 'trainer-0');
       } else {
         deployment = {
-          id: newResourceId(), ...owner(p, teamId), base_model: model.name, created_at: now, status: 'CREATED',
-          active_run_id: null, latest_run_id: null, sampler_id: null, availability_model: run.availability_model, node_count: run.replicas,
+          id: newResourceId(),
+          ...owner(p, teamId),
+          base_model: model.name,
+          created_at: now,
+          status: 'CREATED',
+          active_run_id: null,
+          latest_run_id: null,
+          sampler_id: null,
+          availability_model: run.availability_model,
+          node_count: run.replicas,
         };
         this.deployments.set(deployment.id, deployment);
         this.logs.add(deployment.id, 'INFO', `Trainer deployment created for ${model.name} (rank ${loraRank}, max_seq_len ${maxSeqLen})`, 'trainer-0');
@@ -176,8 +184,11 @@ export class Fleet extends FleetLifecycle {
   }
 
   listRuns(p: Principal, filter: ListScope & { run_id?: string; base_model?: string }): RunRecord[] {
-    return newestFirst(this.visible([...this.runs.values()], p, filter)
-      .filter((r) => (filter.run_id === undefined || r.id === filter.run_id) && (filter.base_model === undefined || r.base_model === filter.base_model)));
+    return newestFirst(
+      this.visible([...this.runs.values()], p, filter).filter(
+        (r) => (filter.run_id === undefined || r.id === filter.run_id) && (filter.base_model === undefined || r.base_model === filter.base_model),
+      ),
+    );
   }
 
   deactivateRun(p: Principal, id: string): RunRecord {
@@ -204,7 +215,13 @@ export class Fleet extends FleetLifecycle {
 
   /** Deployments not STOPPED, as Baseten lists them (what is provisioned now); getDeployment still finds a stopped one. */
   listDeployments(p: Principal, filter: ListScope): DeploymentRecord[] {
-    return newestFirst(this.visible([...this.deployments.values()].filter((d) => d.status !== 'STOPPED'), p, filter));
+    return newestFirst(
+      this.visible(
+        [...this.deployments.values()].filter((d) => d.status !== 'STOPPED'),
+        p,
+        filter,
+      ),
+    );
   }
 
   getDeployment(p: Principal, id: string): DeploymentRecord {
@@ -239,10 +256,19 @@ export class Fleet extends FleetLifecycle {
       const run = this.getRun(p, input.run_id, 'run_id');
       this.accounts.requireMember(p, run.team_id, `pair a sampler with run ${run.id}`);
       if (input.base_model && input.base_model !== run.base_model) {
-        throw invalid(`base_model '${input.base_model}' differs from run ${run.id}'s base model '${run.base_model}': omit base_model when pairing with run_id.`, { field: 'base_model' });
+        throw invalid(
+          `base_model '${input.base_model}' differs from run ${run.id}'s base model '${run.base_model}': omit base_model when pairing with run_id.`,
+          { field: 'base_model' },
+        );
       }
-      if (input.model_path) throw invalid('model_path is for standalone samplers: a paired sampler serves the weights its run publishes. Omit model_path or run_id.', { field: 'model_path' });
-      if (run.status !== 'ACTIVE') throw invalid(`Run ${run.id} is INACTIVE (${run.inactive_reason ?? 'stopped'}); an inactive run cannot get a sampler. Create a new run.`, { field: 'run_id' });
+      if (input.model_path)
+        throw invalid('model_path is for standalone samplers: a paired sampler serves the weights its run publishes. Omit model_path or run_id.', {
+          field: 'model_path',
+        });
+      if (run.status !== 'ACTIVE')
+        throw invalid(`Run ${run.id} is INACTIVE (${run.inactive_reason ?? 'stopped'}); an inactive run cannot get a sampler. Create a new run.`, {
+          field: 'run_id',
+        });
       const maxSeqLength = this.checkSeqLength(input.max_seq_length, run.base_model);
       return this.pairSampler(run, maxSeqLength);
     }
@@ -251,12 +277,21 @@ export class Fleet extends FleetLifecycle {
     const maxSeqLength = this.checkSeqLength(input.max_seq_length, model.name);
     if (input.model_path) {
       const c = this.checkpoints.resolve(p, input.model_path, 'model_path', 'sampler');
-      if (c.base_model !== model.name) throw invalid(`model_path '${input.model_path}' is a checkpoint of ${c.base_model}, not ${model.name}.`, { field: 'model_path' });
+      if (c.base_model !== model.name)
+        throw invalid(`model_path '${input.model_path}' is a checkpoint of ${c.base_model}, not ${model.name}.`, { field: 'model_path' });
     }
     if (input.reuse_from_session_id) {
       const prior = this.getSession(p, input.reuse_from_session_id, 'reuse_from_session_id');
       const live = [...this.samplers.values()]
-        .filter((s) => s.session_id === prior.id && s.run_id === null && s.base_model === model.name && s.model_path === (input.model_path ?? null) && !s.deleted && !DEAD_SAMPLER.has(s.status))
+        .filter(
+          (s) =>
+            s.session_id === prior.id &&
+            s.run_id === null &&
+            s.base_model === model.name &&
+            s.model_path === (input.model_path ?? null) &&
+            !s.deleted &&
+            !DEAD_SAMPLER.has(s.status),
+        )
         .sort((a, b) => b.created_at - a.created_at)[0];
       if (live) return live;
     }
@@ -275,7 +310,10 @@ export class Fleet extends FleetLifecycle {
       run.sampler_id = s.id;
       this.store.put('run', run.id, run);
       const d = this.deployments.get(run.deployment_id);
-      if (d) { d.sampler_id = s.id; this.putDeployment(d); }
+      if (d) {
+        d.sampler_id = s.id;
+        this.putDeployment(d);
+      }
       return s;
     });
   }
@@ -308,7 +346,10 @@ export class Fleet extends FleetLifecycle {
     for (const s of this.samplers.values()) {
       if (s.model_id === modelId && s.model_deployment_id === deploymentId && s.org_id === p.org_id && !s.deleted) return s;
     }
-    throw notFound(`Deployment '${deploymentId}' of model '${modelId}' not found. A sampler's model_id and deployment_id come from GET /v1/loops/samplers/{sampler_id}.`, { field: 'deployment_id' });
+    throw notFound(
+      `Deployment '${deploymentId}' of model '${modelId}' not found. A sampler's model_id and deployment_id come from GET /v1/loops/samplers/{sampler_id}.`,
+      { field: 'deployment_id' },
+    );
   }
 
   renameModelDeployment(p: Principal, modelId: string, deploymentId: string, name: string | null | undefined): SamplerRecord {
@@ -343,12 +384,18 @@ export class Fleet extends FleetLifecycle {
     let prior: RunRecord | undefined;
     if (input.reuse_from_run_id) {
       prior = this.getRun(p, input.reuse_from_run_id, 'reuse_from_run_id');
-      if (prior.base_model !== baseModel) throw invalid(`reuse_from_run_id: run ${prior.id} uses ${prior.base_model}, not ${baseModel}; reuse needs the same base model.`, { field: 'reuse_from_run_id' });
-      if (prior.team_id !== teamId) throw invalid(`reuse_from_run_id: run ${prior.id} belongs to another team; reuse needs the same team.`, { field: 'reuse_from_run_id' });
+      if (prior.base_model !== baseModel)
+        throw invalid(`reuse_from_run_id: run ${prior.id} uses ${prior.base_model}, not ${baseModel}; reuse needs the same base model.`, {
+          field: 'reuse_from_run_id',
+        });
+      if (prior.team_id !== teamId)
+        throw invalid(`reuse_from_run_id: run ${prior.id} belongs to another team; reuse needs the same team.`, { field: 'reuse_from_run_id' });
     } else {
       // A session holds one trainer per base model (concepts page): without a reuse field, a second run of the same
       // model in the same session takes over that trainer, as reuse_from_session_id of its own session would.
-      const session = input.reuse_from_session_id ? this.getSession(p, input.reuse_from_session_id, 'reuse_from_session_id') : this.getSession(p, input.session_id, 'session_id');
+      const session = input.reuse_from_session_id
+        ? this.getSession(p, input.reuse_from_session_id, 'reuse_from_session_id')
+        : this.getSession(p, input.session_id, 'session_id');
       prior = [...this.runs.values()]
         .filter((r) => r.session_id === session.id && r.base_model === baseModel && r.team_id === teamId && r.status === 'ACTIVE')
         .sort((a, b) => b.created_at - a.created_at)[0];
@@ -359,13 +406,34 @@ export class Fleet extends FleetLifecycle {
     return d && ['CREATED', 'DEPLOYING', 'RUNNING'].includes(d.status) ? prior : undefined;
   }
 
-  private newSampler(o: Ownership, teamId: string, sessionId: string, baseModel: string, runId: string | null, maxSeqLength: number, modelPath: string | null, deploymentId: string | null): SamplerRecord {
+  private newSampler(
+    o: Ownership,
+    teamId: string,
+    sessionId: string,
+    baseModel: string,
+    runId: string | null,
+    maxSeqLength: number,
+    modelPath: string | null,
+    deploymentId: string | null,
+  ): SamplerRecord {
     const id = newResourceId();
     const s: SamplerRecord = {
-      id, session_id: sessionId, org_id: o.org_id, user_id: o.user_id, team_id: teamId,
-      model_id: newModelId(), model_deployment_id: newResourceId(), name: `loops-sampler-${id}`,
-      base_model: baseModel, run_id: runId, created_at: this.clock.now(), status: 'BUILDING',
-      max_seq_length: maxSeqLength, model_path: modelPath, replicas: this.options.samplerReplicas, deleted: false,
+      id,
+      session_id: sessionId,
+      org_id: o.org_id,
+      user_id: o.user_id,
+      team_id: teamId,
+      model_id: newModelId(),
+      model_deployment_id: newResourceId(),
+      name: `loops-sampler-${id}`,
+      base_model: baseModel,
+      run_id: runId,
+      created_at: this.clock.now(),
+      status: 'BUILDING',
+      max_seq_length: maxSeqLength,
+      model_path: modelPath,
+      replicas: this.options.samplerReplicas,
+      deleted: false,
     };
     this.samplers.set(s.id, s);
     this.putSampler(s);
@@ -375,14 +443,20 @@ export class Fleet extends FleetLifecycle {
   }
 
   private visible<T extends Ownership>(items: T[], p: Principal, filter: ListScope): T[] {
-    if (filter.scope !== undefined && filter.scope !== 'org') throw invalid(`scope '${filter.scope}' is not supported: use scope=org for your organisation's resources, or omit it for your own.`, { field: 'scope' });
-    return items.filter((x) =>
-      x.org_id === p.org_id && (filter.scope === 'org' || x.user_id === p.user_id) && (filter.teamId === undefined || x.team_id === filter.teamId));
+    if (filter.scope !== undefined && filter.scope !== 'org')
+      throw invalid(`scope '${filter.scope}' is not supported: use scope=org for your organisation's resources, or omit it for your own.`, { field: 'scope' });
+    return items.filter(
+      (x) => x.org_id === p.org_id && (filter.scope === 'org' || x.user_id === p.user_id) && (filter.teamId === undefined || x.team_id === filter.teamId),
+    );
   }
 
   private requireModel(name: string, field: string) {
     const model = findBaseModel(name);
-    if (!model) throw invalid(`${field} '${name}' is not a supported base model. Supported: ${supportedModelNames().join(', ')}.`, { field, supported: supportedModelNames() });
+    if (!model)
+      throw invalid(`${field} '${name}' is not a supported base model. Supported: ${supportedModelNames().join(', ')}.`, {
+        field,
+        supported: supportedModelNames(),
+      });
     return model;
   }
 
@@ -411,4 +485,3 @@ function newestFirst<T extends { created_at: number }>(items: T[]): T[] {
 function owner(p: Ownership, teamId: string): Ownership {
   return { org_id: p.org_id, user_id: p.user_id, team_id: teamId };
 }
-

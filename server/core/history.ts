@@ -44,7 +44,10 @@ export class History {
   scenario: { name: string | null; applied_at: number } | null = null;
 
   /** `stepOf` says how many optimizer steps a run's trainer has applied now: read as each operation finishes, before the next one runs. */
-  constructor(private readonly clock: Clock, private readonly stepOf: (runId: string) => number) {}
+  constructor(
+    private readonly clock: Clock,
+    private readonly stepOf: (runId: string) => number,
+  ) {}
 
   operationFinished(op: Operation): void {
     // An optim_step is charted at the step it advanced from; anything else at the step it ran at.
@@ -52,8 +55,13 @@ export class History {
     const step = op.op === 'optim_step' && op.status === 'done' ? Math.max(0, now - 1) : now;
     const result = (op.result ?? {}) as { loss?: number; policy_version?: number; path?: string; metrics?: Record<string, number> };
     const event: OperationEvent = {
-      operation_id: op.id, op: op.op, status: op.status === 'done' ? 'done' : 'error', submitted_at: op.submittedAt, finished_at: op.finishedAt ?? this.clock.now(),
-      duration_ms: (op.finishedAt ?? this.clock.now()) - op.submittedAt, step,
+      operation_id: op.id,
+      op: op.op,
+      status: op.status === 'done' ? 'done' : 'error',
+      submitted_at: op.submittedAt,
+      finished_at: op.finishedAt ?? this.clock.now(),
+      duration_ms: (op.finishedAt ?? this.clock.now()) - op.submittedAt,
+      step,
       ...(typeof result.loss === 'number' ? { loss: result.loss } : {}),
       ...(typeof result.metrics?.grad_norm === 'number' ? { grad_norm: result.metrics.grad_norm } : {}),
       ...(typeof result.metrics?.learning_rate === 'number' ? { learning_rate: result.metrics.learning_rate } : {}),

@@ -77,7 +77,10 @@ export class HubRepos {
   private readonly familyIds = new Map<string, { eosTokenIds: number[]; padTokenId?: number }>();
   private readonly started = new Date();
 
-  constructor(private readonly engines: EnginePool, options: HubReposOptions = {}) {
+  constructor(
+    private readonly engines: EnginePool,
+    options: HubReposOptions = {},
+  ) {
     this.weights = new LruMap(options.weightsHeld ?? HUB_WEIGHTS_HELD);
   }
 
@@ -105,7 +108,9 @@ export class HubRepos {
   at(id: string, revision: string): HubRepo {
     const repo = this.repo(id);
     if (!BRANCHES.includes(revision) && revision !== repo.sha) {
-      throw notFound(`Revision '${revision}' is not a revision of ${id}: it has ${BRANCHES.join(', ')} (commit ${repo.sha}).`, { hub_error: 'RevisionNotFound' });
+      throw notFound(`Revision '${revision}' is not a revision of ${id}: it has ${BRANCHES.join(', ')} (commit ${repo.sha}).`, {
+        hub_error: 'RevisionNotFound',
+      });
     }
     return repo;
   }
@@ -114,7 +119,11 @@ export class HubRepos {
   file(id: string, revision: string, name: string): { repo: HubRepo; file: HubFile } {
     const repo = this.at(id, revision);
     const file = repo.files.find((f) => f.name === name);
-    if (!file) throw notFound(`${id} has no file '${name}' at ${revision}; its files: ${repo.files.map((f) => f.name).join(', ')}.`, { hub_error: 'EntryNotFound', hub_commit: repo.sha });
+    if (!file)
+      throw notFound(`${id} has no file '${name}' at ${revision}; its files: ${repo.files.map((f) => f.name).join(', ')}.`, {
+        hub_error: 'EntryNotFound',
+        hub_commit: repo.sha,
+      });
     return { repo, file };
   }
 
@@ -133,7 +142,10 @@ export class HubRepos {
   private list(id: string): Listed {
     let listed = this.listed.get(id);
     if (!listed) {
-      if (!findBaseModel(id)) throw notFound(`Repository '${id}' is not mirrored by loops-mock: it serves the supported base models (${this.ids().join(', ')}).`, { hub_error: 'RepoNotFound' });
+      if (!findBaseModel(id))
+        throw notFound(`Repository '${id}' is not mirrored by loops-mock: it serves the supported base models (${this.ids().join(', ')}).`, {
+          hub_error: 'RepoNotFound',
+        });
       listed = this.build(id);
       this.listed.set(id, listed);
     }
@@ -145,7 +157,10 @@ export class HubRepos {
     const contents: [string, Buffer][] = [];
     const tokenizerPaths = new Map<string, string>();
     let lastModified = this.started;
-    for (const [name, path] of [['tokenizer.json', sources.tokenizerJson], ['tokenizer_config.json', sources.configJson]] as const) {
+    for (const [name, path] of [
+      ['tokenizer.json', sources.tokenizerJson],
+      ['tokenizer_config.json', sources.configJson],
+    ] as const) {
       if (!path) continue;
       let source = this.tokenizerFiles.get(path);
       if (!source) {
@@ -159,7 +174,11 @@ export class HubRepos {
     }
     const { eosTokenIds, padTokenId } = this.specialIds(id);
     const model: HfModelInfo = {
-      modelName: id, dims: this.engines.get(id).dims, maxPositions: findBaseModel(id)!.maxContextLength, eosTokenIds, version: VERSION,
+      modelName: id,
+      dims: this.engines.get(id).dims,
+      maxPositions: findBaseModel(id)!.maxContextLength,
+      eosTokenIds,
+      version: VERSION,
       ...(padTokenId !== undefined ? { padTokenId } : {}),
     };
     const small = new Map<string, Buffer>();
@@ -170,10 +189,14 @@ export class HubRepos {
       if (f.relative_file_name.endsWith(LFS_SUFFIX)) this.weights.set(id, content);
       else small.set(f.relative_file_name, content);
     }
-    const files = contents.map(([name, content]): HubFile => ({
-      name, size: content.length, blobId: gitBlobId(content),
-      ...(name.endsWith(LFS_SUFFIX) ? { lfsSha256: createHash('sha256').update(content).digest('hex') } : {}),
-    }));
+    const files = contents.map(
+      ([name, content]): HubFile => ({
+        name,
+        size: content.length,
+        blobId: gitBlobId(content),
+        ...(name.endsWith(LFS_SUFFIX) ? { lfsSha256: createHash('sha256').update(content).digest('hex') } : {}),
+      }),
+    );
     const tree = createHash('sha1');
     for (const f of files) tree.update(`${f.name}\0${f.blobId}\n`);
     return { repo: { id, sha: tree.digest('hex'), files, lastModified }, model, small, tokenizerPaths };

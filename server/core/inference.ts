@@ -1,4 +1,15 @@
-import { findBaseModel, sampleSequences, STOP_MAX_CHARS, STOP_MAX_STRINGS, StreamedText, zeroAdapter, type EnginePool, type LoraAdapter, type SampledSequence, type SamplingParams } from '../../models/index.js';
+import {
+  findBaseModel,
+  sampleSequences,
+  STOP_MAX_CHARS,
+  STOP_MAX_STRINGS,
+  StreamedText,
+  zeroAdapter,
+  type EnginePool,
+  type LoraAdapter,
+  type SampledSequence,
+  type SamplingParams,
+} from '../../models/index.js';
 import { ChatTemplate } from '../../models/chat-template.js';
 import type { Clock } from './clock.js';
 import type { DeploymentLogs } from './deployment-logs.js';
@@ -13,7 +24,12 @@ import { MIN_TEMPERATURE } from './value-ranges.js';
  * the others are vLLM's OpenAI server's own, in OpenAI's shape.
  */
 export class InferenceError extends Error {
-  constructor(readonly status: number, message: string, readonly param: string | null = null, readonly edge = false) {
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly param: string | null = null,
+    readonly edge = false,
+  ) {
     super(message);
   }
 }
@@ -109,18 +125,34 @@ export class Inference {
   /** The deployment behind a URL, for this caller, serving: else what Baseten's edge answers. */
   target(p: Principal, modelId: string, deploymentId: string | undefined): ModelDeploymentRecord {
     const r = this.deployments.find(modelId, deploymentId);
-    if (!r || r.org_id !== p.org_id) throw new InferenceError(404, `Model ${modelId}${deploymentId ? ` deployment ${deploymentId}` : ''} not found.`, null, true);
+    if (!r || r.org_id !== p.org_id)
+      throw new InferenceError(404, `Model ${modelId}${deploymentId ? ` deployment ${deploymentId}` : ''} not found.`, null, true);
     const status = this.deployments.status(r);
     // Baseten: a deactivated deployment answers 404 until it is reactivated; one still starting, 503 (retry).
-    if (status === 'INACTIVE') throw new InferenceError(404, `Deployment ${r.deployment_id} of model ${r.model_id} is deactivated: it serves no requests. Deploy the checkpoint again (POST /v1/loops/checkpoints/deploy).`, null, true);
-    if (status !== 'ACTIVE') throw new InferenceError(503, `Deployment ${r.deployment_id} of model ${r.model_id} is ${status}: not ready to serve yet, retry shortly.`, null, true);
+    if (status === 'INACTIVE')
+      throw new InferenceError(
+        404,
+        `Deployment ${r.deployment_id} of model ${r.model_id} is deactivated: it serves no requests. Deploy the checkpoint again (POST /v1/loops/checkpoints/deploy).`,
+        null,
+        true,
+      );
+    if (status !== 'ACTIVE')
+      throw new InferenceError(503, `Deployment ${r.deployment_id} of model ${r.model_id} is ${status}: not ready to serve yet, retry shortly.`, null, true);
     return r;
   }
 
   /** vLLM's `GET /v1/models`: each deployed checkpoint name (parent: the base model), then the base model. */
   models(r: ModelDeploymentRecord) {
     const created = Math.floor(r.created_at / 1000);
-    const entry = (id: string, parent: string | null) => ({ id, object: 'model', created, owned_by: 'vllm', root: parent === null ? r.base_model : id, parent, max_model_len: this.maxLength(r) });
+    const entry = (id: string, parent: string | null) => ({
+      id,
+      object: 'model',
+      created,
+      owned_by: 'vllm',
+      root: parent === null ? r.base_model : id,
+      parent,
+      max_model_len: this.maxLength(r),
+    });
     return { object: 'list', data: [...this.deployments.checkpointsOf(r).map((c) => entry(c.name, r.base_model)), entry(r.base_model, null)] };
   }
 
@@ -131,9 +163,11 @@ export class Inference {
     if (!Array.isArray(messages) || messages.length === 0) throw bad('messages', 'messages must be a non-empty list of {role, content} objects.');
     messages.forEach((m, i) => checkMessage(m, i));
     const tools = b.tools;
-    if (tools !== undefined && tools !== null && !Array.isArray(tools)) throw bad('tools', 'tools must be a list of {type: "function", function: {...}} objects.');
+    if (tools !== undefined && tools !== null && !Array.isArray(tools))
+      throw bad('tools', 'tools must be a list of {type: "function", function: {...}} objects.');
     const kwargs = b.chat_template_kwargs;
-    if (kwargs !== undefined && kwargs !== null && (typeof kwargs !== 'object' || Array.isArray(kwargs))) throw bad('chat_template_kwargs', 'chat_template_kwargs must be an object of template variables (e.g. {"enable_thinking": false}).');
+    if (kwargs !== undefined && kwargs !== null && (typeof kwargs !== 'object' || Array.isArray(kwargs)))
+      throw bad('chat_template_kwargs', 'chat_template_kwargs must be an object of template variables (e.g. {"enable_thinking": false}).');
     const addGenerationPrompt = b.add_generation_prompt ?? true;
     if (typeof addGenerationPrompt !== 'boolean') throw bad('add_generation_prompt', 'add_generation_prompt must be true or false.');
     const template = this.template(r.base_model);
@@ -190,27 +224,48 @@ export class Inference {
 
   private generation(r: ModelDeploymentRecord, b: Json, prompt: number[], kind: 'chat' | 'completion'): Generation {
     const model = b.model;
-    if (typeof model !== 'string' || model === '') throw bad('model', `model is required: a deployed checkpoint name (${this.deployments.checkpointsOf(r).map((c) => c.name).join(', ')}) or ${r.base_model}.`);
+    if (typeof model !== 'string' || model === '')
+      throw bad(
+        'model',
+        `model is required: a deployed checkpoint name (${this.deployments
+          .checkpointsOf(r)
+          .map((c) => c.name)
+          .join(', ')}) or ${r.base_model}.`,
+      );
     const names = this.deployments.checkpointsOf(r).map((c) => c.name);
     let adapter: LoraAdapter;
     if (model === r.base_model) adapter = zeroAdapter(this.engines.get(r.base_model).sites);
     else if (names.includes(model)) adapter = this.deployments.adapter(r, model);
-    else throw new InferenceError(404, `The model \`${model}\` does not exist. This deployment serves ${[...names, r.base_model].join(', ')} (GET .../v1/models).`, 'model');
+    else
+      throw new InferenceError(
+        404,
+        `The model \`${model}\` does not exist. This deployment serves ${[...names, r.base_model].join(', ')} (GET .../v1/models).`,
+        'model',
+      );
 
     const maxLength = this.maxLength(r);
     if (prompt.length >= maxLength) throw bad('messages', `The prompt is ${prompt.length} tokens; this model's maximum context length is ${maxLength}.`);
     const room = Math.min(this.settings.maxTokensLimit, maxLength - prompt.length);
     const field = kind === 'chat' && b.max_completion_tokens !== undefined && b.max_completion_tokens !== null ? 'max_completion_tokens' : 'max_tokens';
     const maxTokens = optionalInt(b, field, 1, Infinity) ?? (kind === 'chat' ? room : 16);
-    if (maxTokens > room) throw bad(field, `${field} ${maxTokens} is too large: the prompt is ${prompt.length} tokens of at most ${maxLength}, and one request may ask for at most ${this.settings.maxTokensLimit}; ask for at most ${room}.`);
+    if (maxTokens > room)
+      throw bad(
+        field,
+        `${field} ${maxTokens} is too large: the prompt is ${prompt.length} tokens of at most ${maxLength}, and one request may ask for at most ${this.settings.maxTokensLimit}; ask for at most ${room}.`,
+      );
     const temperature = optionalNumber(b, 'temperature', 0, 2) ?? 1;
-    if (temperature > 0 && temperature < MIN_TEMPERATURE) throw bad('temperature', `temperature ${temperature} is too small to sample with: use 0 for greedy sampling, or at least ${MIN_TEMPERATURE}.`);
+    if (temperature > 0 && temperature < MIN_TEMPERATURE)
+      throw bad('temperature', `temperature ${temperature} is too small to sample with: use 0 for greedy sampling, or at least ${MIN_TEMPERATURE}.`);
     const topP = optionalNumber(b, 'top_p', Number.MIN_VALUE, 1) ?? 1;
     const topKRaw = optionalInt(b, 'top_k', -1, Infinity) ?? -1;
     const n = optionalInt(b, 'n', 1, 16) ?? 1;
     // Each choice holds a cache of the prompt and its tokens (issue 31 item 13), as on the sampler.
     const positions = n * (prompt.length + maxTokens);
-    if (positions > this.settings.maxSampledTokens) throw bad('n', `n ${n} × (the ${prompt.length}-token prompt + ${field} ${maxTokens}) is ${positions} positions; one request may hold at most ${this.settings.maxSampledTokens} (the server's --max-sampled-tokens): ask for fewer choices or tokens.`);
+    if (positions > this.settings.maxSampledTokens)
+      throw bad(
+        'n',
+        `n ${n} × (the ${prompt.length}-token prompt + ${field} ${maxTokens}) is ${positions} positions; one request may hold at most ${this.settings.maxSampledTokens} (the server's --max-sampled-tokens): ask for fewer choices or tokens.`,
+      );
     const seed = optionalInt(b, 'seed', Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER) ?? null;
     const stop = b.stop;
     let stopStrings: string[] = [];
@@ -221,7 +276,8 @@ export class Inference {
     if (stopStrings.length > STOP_MAX_STRINGS) throw bad('stop', `stop has ${stopStrings.length} strings; send at most ${STOP_MAX_STRINGS}.`);
     if (stopStrings.some((s) => s.length > STOP_MAX_CHARS)) throw bad('stop', `each stop string may have at most ${STOP_MAX_CHARS} characters.`);
     const stopTokenIds = b.stop_token_ids;
-    if (stopTokenIds !== undefined && stopTokenIds !== null && !(Array.isArray(stopTokenIds) && stopTokenIds.every((t) => Number.isInteger(t)))) throw bad('stop_token_ids', 'stop_token_ids must be a list of token ids.');
+    if (stopTokenIds !== undefined && stopTokenIds !== null && !(Array.isArray(stopTokenIds) && stopTokenIds.every((t) => Number.isInteger(t))))
+      throw bad('stop_token_ids', 'stop_token_ids must be a list of token ids.');
     let logprobs: boolean;
     let topLogprobs: number;
     if (kind === 'chat') {
@@ -238,13 +294,29 @@ export class Inference {
     const stream = b.stream ?? false;
     if (typeof stream !== 'boolean') throw bad('stream', 'stream must be true or false.');
     const options = b.stream_options;
-    if (options !== undefined && options !== null && (typeof options !== 'object' || Array.isArray(options))) throw bad('stream_options', 'stream_options must be an object like {"include_usage": true}.');
+    if (options !== undefined && options !== null && (typeof options !== 'object' || Array.isArray(options)))
+      throw bad('stream_options', 'stream_options must be an object like {"include_usage": true}.');
     if (options && !stream) throw bad('stream_options', 'stream_options is only allowed with stream: true.');
     const includeUsage = (options as Json | null | undefined)?.include_usage === true;
     return {
-      adapter, model, prompt, n, stopStrings, logprobs, topLogprobs, stream, includeUsage,
+      adapter,
+      model,
+      prompt,
+      n,
+      stopStrings,
+      logprobs,
+      topLogprobs,
+      stream,
+      includeUsage,
       // vLLM: top_k 0 or -1 is off.
-      params: { max_tokens: maxTokens, temperature, top_p: topP, top_k: topKRaw === 0 ? -1 : topKRaw, seed, stop: [...stopStrings, ...((stopTokenIds as number[] | undefined) ?? [])] },
+      params: {
+        max_tokens: maxTokens,
+        temperature,
+        top_p: topP,
+        top_k: topKRaw === 0 ? -1 : topKRaw,
+        seed,
+        stop: [...stopStrings, ...((stopTokenIds as number[] | undefined) ?? [])],
+      },
     };
   }
 
@@ -279,7 +351,17 @@ export class Inference {
     for (const [index, seq] of sequences.entries()) choices.push(await this.choice(r, g, seq, index, eos));
     const completion = choices.reduce((n, c) => n + c.tokens.length, 0);
     this.logs.add(r.deployment_id, 'INFO', `${g.model}: ${g.prompt.length} prompt tokens, ${completion} completion tokens`, 'inference', id);
-    return { id, created: Math.floor(this.clock.now() / 1000), model: g.model, promptTokens: g.prompt, choices, stream: g.stream, includeUsage: g.includeUsage, logprobs: g.logprobs, decode: (ids) => codec.decode(ids) };
+    return {
+      id,
+      created: Math.floor(this.clock.now() / 1000),
+      model: g.model,
+      promptTokens: g.prompt,
+      choices,
+      stream: g.stream,
+      includeUsage: g.includeUsage,
+      logprobs: g.logprobs,
+      decode: (ids) => codec.decode(ids),
+    };
   }
 
   /**
@@ -323,7 +405,14 @@ export class Inference {
           },
         });
       } catch (err) {
-        if (signal.aborted) this.logs.add(r.deployment_id, 'INFO', `${g.model}: ${g.prompt.length} prompt tokens, stream closed by the client after ${completion} completion tokens`, 'inference', id);
+        if (signal.aborted)
+          this.logs.add(
+            r.deployment_id,
+            'INFO',
+            `${g.model}: ${g.prompt.length} prompt tokens, stream closed by the client after ${completion} completion tokens`,
+            'inference',
+            id,
+          );
         throw err;
       } finally {
         end();
@@ -331,7 +420,17 @@ export class Inference {
       this.logs.add(r.deployment_id, 'INFO', `${g.model}: ${g.prompt.length} prompt tokens, ${completion} completion tokens`, 'inference', id);
       return { completionTokens: completion };
     };
-    return { id, created: Math.floor(this.clock.now() / 1000), model: g.model, n: g.n, promptTokens: g.prompt.length, includeUsage: g.includeUsage, logprobs: g.logprobs, decode, run };
+    return {
+      id,
+      created: Math.floor(this.clock.now() / 1000),
+      model: g.model,
+      n: g.n,
+      promptTokens: g.prompt.length,
+      includeUsage: g.includeUsage,
+      logprobs: g.logprobs,
+      decode,
+      run,
+    };
   }
 
   /** Fills in the top_logprobs of a choice's newest `tokens` (the last of `kept`), scored on the prompt and `kept`. */
@@ -363,7 +462,9 @@ export class Inference {
     if (g.topLogprobs > 0 && tokens.length) {
       const all = [...g.prompt, ...tokens];
       const { top: rows } = await this.engines.get(r.base_model).topk([{ tokens: all, targets: [...all.slice(1), 0] }], g.adapter, g.topLogprobs);
-      top = rows[0]!.slice(g.prompt.length - 1, g.prompt.length - 1 + tokens.length).map((t) => t.ids.map((tid, j) => [tid, t.logprobs[j]!] as [number, number]));
+      top = rows[0]!
+        .slice(g.prompt.length - 1, g.prompt.length - 1 + tokens.length)
+        .map((t) => t.ids.map((tid, j) => [tid, t.logprobs[j]!] as [number, number]));
     }
     return { index, text, tokens, logprobs, top, finish_reason: seq.stop_reason };
   }
@@ -380,10 +481,13 @@ function checkMessage(m: unknown, i: number): void {
   const field = `messages[${i}]`;
   if (typeof m !== 'object' || m === null || Array.isArray(m)) throw bad(field, `${field} must be an object {role, content}.`);
   const { role, content } = m as Json;
-  if (typeof role !== 'string' || !ROLES.has(role)) throw bad(`${field}.role`, `${field}.role must be one of ${[...ROLES].join(', ')} (got ${JSON.stringify(role)}).`);
-  const parts = Array.isArray(content) && content.every((c) => typeof c === 'object' && c !== null && (c as Json).type === 'text' && typeof (c as Json).text === 'string');
+  if (typeof role !== 'string' || !ROLES.has(role))
+    throw bad(`${field}.role`, `${field}.role must be one of ${[...ROLES].join(', ')} (got ${JSON.stringify(role)}).`);
+  const parts =
+    Array.isArray(content) && content.every((c) => typeof c === 'object' && c !== null && (c as Json).type === 'text' && typeof (c as Json).text === 'string');
   const assistantWithTools = role === 'assistant' && (content === null || content === undefined) && Array.isArray((m as Json).tool_calls);
-  if (typeof content !== 'string' && !parts && !assistantWithTools) throw bad(`${field}.content`, `${field}.content must be a string or a list of {type: "text", text} parts.`);
+  if (typeof content !== 'string' && !parts && !assistantWithTools)
+    throw bad(`${field}.content`, `${field}.content must be a string or a list of {type: "text", text} parts.`);
 }
 
 /** Text parts joined into one string, as vLLM hands string content to a text-only template. */
@@ -396,13 +500,15 @@ function normalizeMessage(m: unknown): Json {
 function optionalNumber(b: Json, field: string, min: number, max: number): number | undefined {
   const v = b[field];
   if (v === undefined || v === null) return undefined;
-  if (typeof v !== 'number' || !Number.isFinite(v) || v < min || v > max) throw bad(field, `${field} must be a number in [${min === Number.MIN_VALUE ? '0 (exclusive)' : min}, ${max}] (got ${JSON.stringify(v)}).`);
+  if (typeof v !== 'number' || !Number.isFinite(v) || v < min || v > max)
+    throw bad(field, `${field} must be a number in [${min === Number.MIN_VALUE ? '0 (exclusive)' : min}, ${max}] (got ${JSON.stringify(v)}).`);
   return v;
 }
 
 function optionalInt(b: Json, field: string, min: number, max: number): number | undefined {
   const v = b[field];
   if (v === undefined || v === null) return undefined;
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) throw bad(field, `${field} must be a whole number${max === Infinity ? ` of at least ${min}` : ` in ${min}..${max}`} (got ${JSON.stringify(v)}).`);
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max)
+    throw bad(field, `${field} must be a whole number${max === Infinity ? ` of at least ${min}` : ` in ${min}..${max}`} (got ${JSON.stringify(v)}).`);
   return v;
 }

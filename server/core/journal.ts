@@ -93,7 +93,11 @@ export class Journal {
   /** Lines the journal file refused (a full disk, a removed folder): counted, told once (core.onStorageNotice). */
   readonly fileFailures: BackgroundWriteFailures;
 
-  constructor(private readonly capacity: number, private readonly file?: string, readonly detail: JournalDetail = 'summary') {
+  constructor(
+    private readonly capacity: number,
+    private readonly file?: string,
+    readonly detail: JournalDetail = 'summary',
+  ) {
     this.fileFailures = new BackgroundWriteFailures(`The journal file ${file ?? ''}`);
   }
 
@@ -189,7 +193,7 @@ function appendWholeLine(file: string, line: string): void {
   try {
     const size = fstatSync(fd).size;
     try {
-      for (let at = 0; at < bytes.length;) at += writeSync(fd, bytes, at, bytes.length - at);
+      for (let at = 0; at < bytes.length; ) at += writeSync(fd, bytes, at, bytes.length - at);
     } catch (err) {
       ftruncateSync(fd, size);
       throw err;

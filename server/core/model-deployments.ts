@@ -18,11 +18,76 @@ export interface DeployInput {
 
 /** The instance types the mock lists [M]: single-node H100 and A100 shapes, and a multi-node H100 one truss must skip. */
 export const INSTANCE_TYPES = [
-  { id: 'H100:1x', name: 'H100:1x', display_name: '1x H100', gpu_count: 1, default: true, gpu_memory: 81_920, node_count: 1, gpu_type: 'H100', millicpu_limit: 26_000, memory_limit: 240_000, price: 0.1083, limited_capacity: false },
-  { id: 'H100:2x', name: 'H100:2x', display_name: '2x H100', gpu_count: 2, default: false, gpu_memory: 81_920, node_count: 1, gpu_type: 'H100', millicpu_limit: 52_000, memory_limit: 480_000, price: 0.2166, limited_capacity: false },
-  { id: 'H100:8x', name: 'H100:8x', display_name: '8x H100', gpu_count: 8, default: false, gpu_memory: 81_920, node_count: 1, gpu_type: 'H100', millicpu_limit: 208_000, memory_limit: 1_920_000, price: 0.8664, limited_capacity: false },
-  { id: 'H100:8x2', name: 'H100:8x2', display_name: '2 nodes of 8x H100', gpu_count: 8, default: false, gpu_memory: 81_920, node_count: 2, gpu_type: 'H100', millicpu_limit: 208_000, memory_limit: 1_920_000, price: 1.7328, limited_capacity: true },
-  { id: 'A100:1x', name: 'A100:1x', display_name: '1x A100', gpu_count: 1, default: false, gpu_memory: 81_920, node_count: 1, gpu_type: 'A100', millicpu_limit: 12_000, memory_limit: 144_000, price: 0.0667, limited_capacity: false },
+  {
+    id: 'H100:1x',
+    name: 'H100:1x',
+    display_name: '1x H100',
+    gpu_count: 1,
+    default: true,
+    gpu_memory: 81_920,
+    node_count: 1,
+    gpu_type: 'H100',
+    millicpu_limit: 26_000,
+    memory_limit: 240_000,
+    price: 0.1083,
+    limited_capacity: false,
+  },
+  {
+    id: 'H100:2x',
+    name: 'H100:2x',
+    display_name: '2x H100',
+    gpu_count: 2,
+    default: false,
+    gpu_memory: 81_920,
+    node_count: 1,
+    gpu_type: 'H100',
+    millicpu_limit: 52_000,
+    memory_limit: 480_000,
+    price: 0.2166,
+    limited_capacity: false,
+  },
+  {
+    id: 'H100:8x',
+    name: 'H100:8x',
+    display_name: '8x H100',
+    gpu_count: 8,
+    default: false,
+    gpu_memory: 81_920,
+    node_count: 1,
+    gpu_type: 'H100',
+    millicpu_limit: 208_000,
+    memory_limit: 1_920_000,
+    price: 0.8664,
+    limited_capacity: false,
+  },
+  {
+    id: 'H100:8x2',
+    name: 'H100:8x2',
+    display_name: '2 nodes of 8x H100',
+    gpu_count: 8,
+    default: false,
+    gpu_memory: 81_920,
+    node_count: 2,
+    gpu_type: 'H100',
+    millicpu_limit: 208_000,
+    memory_limit: 1_920_000,
+    price: 1.7328,
+    limited_capacity: true,
+  },
+  {
+    id: 'A100:1x',
+    name: 'A100:1x',
+    display_name: '1x A100',
+    gpu_count: 1,
+    default: false,
+    gpu_memory: 81_920,
+    node_count: 1,
+    gpu_type: 'A100',
+    millicpu_limit: 12_000,
+    memory_limit: 144_000,
+    price: 0.0667,
+    limited_capacity: false,
+  },
 ];
 
 /** The instance type a deploy gets when it names none (truss asks listed_instances for an H100 one). */
@@ -65,7 +130,9 @@ export class ModelDeployments {
     const found = this.check(p, input);
     const base = found[0]!.base_model;
     const record: ModelDeploymentRecord = {
-      org_id: p.org_id, user_id: p.user_id, team_id: p.team_id,
+      org_id: p.org_id,
+      user_id: p.user_id,
+      team_id: p.team_id,
       model_id: newModelId(),
       deployment_id: newResourceId(),
       name: input.model_name || `loops-${found[0]!.name}`,
@@ -79,7 +146,12 @@ export class ModelDeployments {
       deleted: false,
     };
     this.put(record);
-    this.logs.add(record.deployment_id, 'INFO', `Deploying ${found.map((c) => c.name).join(', ')} on ${base} (model ${record.model_id}, deployment ${record.deployment_id})`, 'inference');
+    this.logs.add(
+      record.deployment_id,
+      'INFO',
+      `Deploying ${found.map((c) => c.name).join(', ')} on ${base} (model ${record.model_id}, deployment ${record.deployment_id})`,
+      'inference',
+    );
     const hold = this.progress.holdFor(record.deployment_id, DEPLOY_OP, true);
     if (hold) {
       this.holds.set(record.deployment_id, hold);
@@ -91,24 +163,38 @@ export class ModelDeployments {
   /** The sampler checkpoints a deploy names, checked (a dry run stops here): same base model, distinct names, a valid model name. */
   check(p: Principal, input: DeployInput): CheckpointRecord[] {
     const ids = input.checkpoint_ids;
-    if (!Array.isArray(ids) || ids.length === 0) throw invalid('checkpoint_ids must list at least one checkpoint id (the `id` of GET /v1/loops/checkpoints items).', { field: 'checkpoint_ids' });
+    if (!Array.isArray(ids) || ids.length === 0)
+      throw invalid('checkpoint_ids must list at least one checkpoint id (the `id` of GET /v1/loops/checkpoints items).', { field: 'checkpoint_ids' });
     const found: CheckpointRecord[] = ids.map((id, i) => {
       const c = this.checkpoints.get(p, id);
       if (c.target !== 'sampler') {
-        throw invalid(`checkpoint_ids[${i}] '${id}' is a trainer checkpoint (${c.name}, bt://loops:${c.run_id}/weights/${c.name}): only sampler checkpoints (save_weights_for_sampler) can be deployed to inference.`, { field: `checkpoint_ids[${i}]` });
+        throw invalid(
+          `checkpoint_ids[${i}] '${id}' is a trainer checkpoint (${c.name}, bt://loops:${c.run_id}/weights/${c.name}): only sampler checkpoints (save_weights_for_sampler) can be deployed to inference.`,
+          { field: `checkpoint_ids[${i}]` },
+        );
       }
       return c;
     });
     const base = found[0]!.base_model;
     const other = found.find((c) => c.base_model !== base);
-    if (other) throw invalid(`checkpoint_ids mixes base models (${base} and ${other.base_model}): one deployment serves adapters of one base model.`, { field: 'checkpoint_ids' });
+    if (other)
+      throw invalid(`checkpoint_ids mixes base models (${base} and ${other.base_model}): one deployment serves adapters of one base model.`, {
+        field: 'checkpoint_ids',
+      });
     const names = new Set<string>();
     for (const c of found) {
-      if (names.has(c.name)) throw invalid(`checkpoint_ids names two checkpoints called '${c.name}': each is addressed by its name as the \`model\` of a request, so the names must differ.`, { field: 'checkpoint_ids' });
+      if (names.has(c.name))
+        throw invalid(
+          `checkpoint_ids names two checkpoints called '${c.name}': each is addressed by its name as the \`model\` of a request, so the names must differ.`,
+          { field: 'checkpoint_ids' },
+        );
       names.add(c.name);
     }
     if (input.instance_type_id && !INSTANCE_TYPES.some((t) => t.id === input.instance_type_id)) {
-      throw invalid(`instance_type_id '${input.instance_type_id}' is not an instance type here: use one of ${INSTANCE_TYPES.map((t) => t.id).join(', ')} (GraphQL listed_instances), or omit it for ${DEFAULT_INSTANCE_TYPE_ID}.`, { field: 'instance_type_id' });
+      throw invalid(
+        `instance_type_id '${input.instance_type_id}' is not an instance type here: use one of ${INSTANCE_TYPES.map((t) => t.id).join(', ')} (GraphQL listed_instances), or omit it for ${DEFAULT_INSTANCE_TYPE_ID}.`,
+        { field: 'instance_type_id' },
+      );
     }
     if (input.model_name !== undefined && input.model_name !== null && !/^[A-Za-z0-9._ -]{1,128}$/.test(input.model_name)) {
       throw invalid(`model_name '${input.model_name}' may only hold 1-128 letters, digits, spaces, '.', '_' and '-'.`, { field: 'model_name' });
@@ -137,17 +223,22 @@ export class ModelDeployments {
     const r = this.records.get(deploymentId);
     if (!r || r.deleted) throw notFound(`No deployed model with deployment '${deploymentId}' on this server.`, { field: 'deployment_id' });
     const hold = this.holds.get(deploymentId);
-    if (!hold || hold.isReleased) throw conflict(`Deployment ${deploymentId} is not held by a progress rule (its status is ${this.status(r)}).`, { field: 'deployment_id' });
+    if (!hold || hold.isReleased)
+      throw conflict(`Deployment ${deploymentId} is not held by a progress rule (its status is ${this.status(r)}).`, { field: 'deployment_id' });
     hold.release();
     return r;
   }
 
   /** Deployments a progress rule holds now. */
   held(): { model_id: string; deployment_id: string; status: SamplerStatus; rule: string; mode: string; polls_seen: number }[] {
-    return [...this.holds.entries()].filter(([, h]) => !h.isReleased).flatMap(([id, h]) => {
-      const r = this.records.get(id);
-      return r && !r.deleted ? [{ model_id: r.model_id, deployment_id: id, status: this.status(r), rule: h.rule, mode: h.mode, polls_seen: h.pollsSeen }] : [];
-    });
+    return [...this.holds.entries()]
+      .filter(([, h]) => !h.isReleased)
+      .flatMap(([id, h]) => {
+        const r = this.records.get(id);
+        return r && !r.deleted
+          ? [{ model_id: r.model_id, deployment_id: id, status: this.status(r), rule: h.rule, mode: h.mode, polls_seen: h.pollsSeen }]
+          : [];
+      });
   }
 
   list(p: Principal): ModelDeploymentRecord[] {
@@ -181,7 +272,10 @@ export class ModelDeployments {
 
   get(p: Principal, modelId: string, deploymentId: string): ModelDeploymentRecord {
     const r = this.findOwned(p, modelId, deploymentId);
-    if (!r) throw notFound(`Deployment '${deploymentId}' of model '${modelId}' not found: POST /v1/loops/checkpoints/deploy answers both ids.`, { field: 'deployment_id' });
+    if (!r)
+      throw notFound(`Deployment '${deploymentId}' of model '${modelId}' not found: POST /v1/loops/checkpoints/deploy answers both ids.`, {
+        field: 'deployment_id',
+      });
     return r;
   }
 

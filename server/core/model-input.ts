@@ -27,13 +27,19 @@ export type ImageRule = { model: string; placeholder: number } | { model: string
 export function imageRule(engines: Pick<EnginePool, 'tokenizers'>, model: string): ImageRule {
   const info = findBaseModel(model);
   if (!info?.supportsVisionLanguage || !info.imagePlaceholder) {
-    return { model, refusal: `${model} takes text only; image chunks go to the vision-language models (supports_vision_language in GET /v1/loops/capabilities): ${visionModelNames().join(', ')}.` };
+    return {
+      model,
+      refusal: `${model} takes text only; image chunks go to the vision-language models (supports_vision_language in GET /v1/loops/capabilities): ${visionModelNames().join(', ')}.`,
+    };
   }
   const files = engines.tokenizers.files(model);
   if (files.family) return { model, placeholder: FAMILY_IMAGE_PLACEHOLDER[files.family].id };
   const ids = engines.tokenizers.get(model).encode(info.imagePlaceholder);
   if (ids.length === 1) return { model, placeholder: ids[0]! };
-  return { model, refusal: `${model}'s tokenizer (${files.source}) has no ${info.imagePlaceholder} token to feed an image's positions as; give a tokenizer.json that has it, or send text.` };
+  return {
+    model,
+    refusal: `${model}'s tokenizer (${files.source}) has no ${info.imagePlaceholder} token to feed an image's positions as; give a tokenizer.json that has it, or send text.`,
+  };
 }
 
 const IMAGE_FIELDS = new Set(['type', 'data', 'format', 'expected_tokens']);
@@ -43,7 +49,7 @@ const MAGIC: Record<'png' | 'jpeg', number[]> = { png: [0x89, 0x50, 0x4e, 0x47, 
 function isBase64(s: string): boolean {
   if (!s.length || s.length % 4 !== 0 || /[^A-Za-z0-9+/=]/.test(s)) return false;
   const pad = s.indexOf('=');
-  return pad < 0 || pad >= s.length - 2 && (pad === s.length - 1 || s[s.length - 1] === '=');
+  return pad < 0 || (pad >= s.length - 2 && (pad === s.length - 1 || s[s.length - 1] === '='));
 }
 
 /** Which of the two formats the bytes are, by their magic number; null for neither. */
@@ -58,15 +64,30 @@ function sniff(head: Buffer): 'png' | 'jpeg' | null {
 function imagePositions(chunk: ModelInputChunkWire, at: string, rule: ImageRule): number {
   if ('refusal' in rule) throw invalid(`${at} is an 'image' chunk: ${rule.refusal}`, { field: `${at}.type` });
   const extra = Object.keys(chunk).find((k) => !IMAGE_FIELDS.has(k));
-  if (extra) throw invalid(`${at}.${extra} is not a field of an image chunk: it takes data (base64), format ('png' or 'jpeg') and expected_tokens.`, { field: `${at}.${extra}` });
+  if (extra)
+    throw invalid(`${at}.${extra} is not a field of an image chunk: it takes data (base64), format ('png' or 'jpeg') and expected_tokens.`, {
+      field: `${at}.${extra}`,
+    });
   const { format, data, expected_tokens: positions } = chunk;
-  if (format !== 'png' && format !== 'jpeg') throw invalid(`${at}.format must be 'png' or 'jpeg' (got ${JSON.stringify(format ?? null)}).`, { field: `${at}.format` });
-  if (typeof data !== 'string' || !isBase64(data)) throw invalid(`${at}.data must be the image's bytes in standard base64 (A-Z, a-z, 0-9, +, /, padded with = to a multiple of 4 characters).`, { field: `${at}.data` });
+  if (format !== 'png' && format !== 'jpeg')
+    throw invalid(`${at}.format must be 'png' or 'jpeg' (got ${JSON.stringify(format ?? null)}).`, { field: `${at}.format` });
+  if (typeof data !== 'string' || !isBase64(data))
+    throw invalid(`${at}.data must be the image's bytes in standard base64 (A-Z, a-z, 0-9, +, /, padded with = to a multiple of 4 characters).`, {
+      field: `${at}.data`,
+    });
   const found = sniff(Buffer.from(data.slice(0, 12), 'base64'));
-  if (!found) throw invalid(`${at}.data is neither a PNG nor a JPEG image (its bytes start ${Buffer.from(data.slice(0, 8), 'base64').toString('hex')}); send one of those.`, { field: `${at}.data` });
-  if (found !== format) throw invalid(`${at}.data holds a ${found.toUpperCase()} image but format is '${format}': set format to '${found}'.`, { field: `${at}.format` });
+  if (!found)
+    throw invalid(
+      `${at}.data is neither a PNG nor a JPEG image (its bytes start ${Buffer.from(data.slice(0, 8), 'base64').toString('hex')}); send one of those.`,
+      { field: `${at}.data` },
+    );
+  if (found !== format)
+    throw invalid(`${at}.data holds a ${found.toUpperCase()} image but format is '${format}': set format to '${found}'.`, { field: `${at}.format` });
   if (positions === undefined || positions === null) {
-    throw invalid(`${at}.expected_tokens is required: loops-mock runs no vision processor to count an image's tokens, so the image takes exactly expected_tokens positions; set it to the count your processor gives for this image.`, { field: `${at}.expected_tokens` });
+    throw invalid(
+      `${at}.expected_tokens is required: loops-mock runs no vision processor to count an image's tokens, so the image takes exactly expected_tokens positions; set it to the count your processor gives for this image.`,
+      { field: `${at}.expected_tokens` },
+    );
   }
   if (!Number.isInteger(positions) || positions < 1 || positions > MAX_IMAGE_TOKENS) {
     throw invalid(`${at}.expected_tokens must be an integer from 1 to ${MAX_IMAGE_TOKENS} (got ${positions}).`, { field: `${at}.expected_tokens` });
@@ -104,7 +125,11 @@ export function tokenCount(n: { positions: number; images: number }): string {
  * its ids checked with the rest of the datum, by checkTrainingData). `field`
  * names the input in errors.
  */
-export function modelInputTokens(input: ModelInputWire, field: string, limits: { maxLength: number; lengthName: string; images: () => ImageRule; vocabulary?: { size: number; model: string } }): number[] {
+export function modelInputTokens(
+  input: ModelInputWire,
+  field: string,
+  limits: { maxLength: number; lengthName: string; images: () => ImageRule; vocabulary?: { size: number; model: string } },
+): number[] {
   // The length first, from the chunks' sizes alone: a body of millions of ids is refused before any is copied
   // or looked at (issue 31 item 15).
   const declared = declaredPositions(input);
@@ -122,14 +147,18 @@ export function modelInputTokens(input: ModelInputWire, field: string, limits: {
       return;
     }
     if (chunk.type !== 'encoded_text' || !chunk.tokens) {
-      throw invalid(`${at} is a '${chunk.type}' chunk: loops-mock takes {"type": "encoded_text", "tokens": [...]} and, on vision-language models, {"type": "image", "data", "format", "expected_tokens"}.`, { field: `${at}.type` });
+      throw invalid(
+        `${at} is a '${chunk.type}' chunk: loops-mock takes {"type": "encoded_text", "tokens": [...]} and, on vision-language models, {"type": "image", "data", "format", "expected_tokens"}.`,
+        { field: `${at}.type` },
+      );
     }
     // One at a time: spreading a client-sized array into push() overflows the stack beyond ~100k ids.
     for (const t of chunk.tokens) tokens.push(t);
   });
   if (!tokens.length) throw invalid(`${field} has no tokens.`, { field });
   const images = imagePositionCount ? ` (${imagePositionCount} of them image positions)` : '';
-  if (tokens.length > limits.maxLength) throw invalid(`${field} has ${tokens.length} tokens${images}; the ${limits.lengthName} is ${limits.maxLength}.`, { field });
+  if (tokens.length > limits.maxLength)
+    throw invalid(`${field} has ${tokens.length} tokens${images}; the ${limits.lengthName} is ${limits.maxLength}.`, { field });
   const vocab = limits.vocabulary;
   const bad = vocab ? tokens.findIndex((t) => !Number.isInteger(t) || t < 0 || t >= vocab.size) : -1;
   if (bad >= 0) throw invalid(`${field} token ${tokens[bad]} at position ${bad} is outside ${vocab!.model}'s vocabulary (0..${vocab!.size - 1}).`, { field });

@@ -24,7 +24,10 @@ export interface Operation {
 
 /** An error an operation ends with, carrying the exception class the client sees. */
 export class OperationFailure extends Error {
-  constructor(readonly errorClass: string, message: string) {
+  constructor(
+    readonly errorClass: string,
+    message: string,
+  ) {
     super(message);
   }
 }
@@ -71,7 +74,11 @@ export class Operations {
   private closed = false;
   private readonly finishListeners: ((operation: Operation) => void)[] = [];
 
-  constructor(private readonly clock: Clock, private readonly options: OperationOptions, private readonly progress: Progress) {}
+  constructor(
+    private readonly clock: Clock,
+    private readonly options: OperationOptions,
+    private readonly progress: Progress,
+  ) {}
 
   /** Told of every operation as it finishes, done or error (the run history the dashboard charts). */
   onFinish(listener: (operation: Operation) => void): void {
@@ -89,13 +96,18 @@ export class Operations {
    */
   submit(runId: string, op: string, body: unknown, idempotencyKey: string | undefined, work: (operation: Operation) => Promise<unknown>): Operation {
     this.sweep();
-    const bodyHash = createHash('sha256').update(`${op}\n${JSON.stringify(body)}`).digest('hex');
+    const bodyHash = createHash('sha256')
+      .update(`${op}\n${JSON.stringify(body)}`)
+      .digest('hex');
     const keyId = idempotencyKey === undefined ? undefined : `${runId}\n${idempotencyKey}`;
     if (keyId) {
       const prior = this.byKey.get(keyId);
       if (prior) {
         if (prior.bodyHash !== bodyHash) {
-          throw conflict(`Idempotency-Key '${idempotencyKey}' was already used for a different ${prior.op.op} request on this run (operation ${prior.op.id}); use a new key for a new request.`, { field: 'Idempotency-Key', operation_id: prior.op.id });
+          throw conflict(
+            `Idempotency-Key '${idempotencyKey}' was already used for a different ${prior.op.op} request on this run (operation ${prior.op.id}); use a new key for a new request.`,
+            { field: 'Idempotency-Key', operation_id: prior.op.id },
+          );
         }
         return prior.op;
       }
@@ -112,7 +124,15 @@ export class Operations {
       try {
         outcome = { result: await work(operation) };
       } catch (err) {
-        outcome = { failure: err instanceof OperationFailure ? err : new OperationFailure((err as Error)?.name && (err as Error).name !== 'Error' ? (err as Error).name : 'RuntimeError', (err as Error)?.message ?? String(err)) };
+        outcome = {
+          failure:
+            err instanceof OperationFailure
+              ? err
+              : new OperationFailure(
+                  (err as Error)?.name && (err as Error).name !== 'Error' ? (err as Error).name : 'RuntimeError',
+                  (err as Error)?.message ?? String(err),
+                ),
+        };
       }
       if (entry.hold) await entry.hold.released;
       if ('result' in outcome) this.finish(entry, 'done', outcome.result);
@@ -147,7 +167,8 @@ export class Operations {
   release(id: string): Operation {
     const entry = this.entries.get(id);
     if (!entry) throw notFound(`No operation '${id}': unknown or expired.`, { field: 'operation_id' });
-    if (!entry.hold || entry.hold.isReleased) throw conflict(`Operation ${id} is not held by a progress rule (its status is ${entry.op.status}).`, { field: 'operation_id' });
+    if (!entry.hold || entry.hold.isReleased)
+      throw conflict(`Operation ${id} is not held by a progress rule (its status is ${entry.op.status}).`, { field: 'operation_id' });
     entry.hold.release();
     return entry.op;
   }
@@ -179,7 +200,13 @@ export class Operations {
       entry.waiters.add(waiter);
       timer = this.clock.setTimer(windowMs, () => waiter('timeout'));
     });
-    return { outcome, cancel: () => { entry.waiters.delete(waiter); timer?.cancel(); } };
+    return {
+      outcome,
+      cancel: () => {
+        entry.waiters.delete(waiter);
+        timer?.cancel();
+      },
+    };
   }
 
   /** Fails every queued or running operation of a run (its trainer stopped). */
@@ -202,7 +229,17 @@ export class Operations {
     this.closed = true;
     const waiting = [...this.entries.values()].flatMap((entry) => [...entry.waiters]);
     for (const entry of this.entries.values()) {
-      if (entry.op.status === 'queued') this.finish(entry, 'error', undefined, { message: `loops-mock shut down before ${entry.op.op} ran: nothing of it was done. Submit it again to a running server.`, error_class: 'ServerShutdown' }, false);
+      if (entry.op.status === 'queued')
+        this.finish(
+          entry,
+          'error',
+          undefined,
+          {
+            message: `loops-mock shut down before ${entry.op.op} ran: nothing of it was done. Submit it again to a running server.`,
+            error_class: 'ServerShutdown',
+          },
+          false,
+        );
       entry.hold?.release();
     }
     for (const w of waiting) w('shutdown');

@@ -45,8 +45,10 @@ export class Progress {
   constructor(private readonly clock: Clock) {}
 
   add(input: ProgressRuleInput): ProgressRule {
-    if (input.mode === 'after_polls' && !(input.polls !== undefined && input.polls >= 1)) throw invalid('mode after_polls needs polls (at least 1): the poll that releases the result.', { field: 'polls' });
-    if (input.mode === 'after_ms' && input.ms === undefined) throw invalid('mode after_ms needs ms: how long after submission the result is released.', { field: 'ms' });
+    if (input.mode === 'after_polls' && !(input.polls !== undefined && input.polls >= 1))
+      throw invalid('mode after_polls needs polls (at least 1): the poll that releases the result.', { field: 'polls' });
+    if (input.mode === 'after_ms' && input.ms === undefined)
+      throw invalid('mode after_ms needs ms: how long after submission the result is released.', { field: 'ms' });
     const rule: ProgressRule = { ...input, id: `progress_${++this.counter}`, applied: 0, remaining: input.times ?? null };
     this.rules.push(rule);
     return structuredClone(rule);
@@ -74,17 +76,31 @@ export class Progress {
    * a rule meant for every operation).
    */
   holdFor(runId: string, op: string, namedOnly = false): Hold | undefined {
-    const rule = this.rules.find((r) => r.remaining !== 0 && (r.match?.run_id === undefined || r.match.run_id === runId)
-      && (r.match?.op === undefined ? !namedOnly : (Array.isArray(r.match.op) ? r.match.op : [r.match.op]).includes(op)));
+    const rule = this.rules.find(
+      (r) =>
+        r.remaining !== 0 &&
+        (r.match?.run_id === undefined || r.match.run_id === runId) &&
+        (r.match?.op === undefined ? !namedOnly : (Array.isArray(r.match.op) ? r.match.op : [r.match.op]).includes(op)),
+    );
     if (!rule) return undefined;
     rule.applied++;
     if (rule.remaining !== null) rule.remaining--;
     if (rule.mode === 'immediate') return undefined;
     let release!: () => void;
-    const released = new Promise<void>((resolve) => { release = resolve; });
+    const released = new Promise<void>((resolve) => {
+      release = resolve;
+    });
     const hold: Hold = {
-      rule: rule.id, mode: rule.mode, polls: rule.polls ?? 0, pollsSeen: 0, released, isReleased: false,
-      release: () => { hold.isReleased = true; release(); },
+      rule: rule.id,
+      mode: rule.mode,
+      polls: rule.polls ?? 0,
+      pollsSeen: 0,
+      released,
+      isReleased: false,
+      release: () => {
+        hold.isReleased = true;
+        release();
+      },
     };
     if (rule.mode === 'after_ms') this.clock.setTimer(rule.ms!, hold.release);
     return hold;

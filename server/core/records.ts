@@ -82,8 +82,20 @@ export interface DeploymentRecord extends Ownership {
 
 /** The wire enum `DeploymentStatusV1`. */
 export const SAMPLER_STATUSES = [
-  'BUILDING', 'DEPLOYING', 'DEPLOY_FAILED', 'LOADING_MODEL', 'ACTIVE', 'UNHEALTHY', 'BUILD_FAILED',
-  'BUILD_STOPPED', 'DEACTIVATING', 'INACTIVE', 'FAILED', 'UPDATING', 'SCALED_TO_ZERO', 'WAKING_UP',
+  'BUILDING',
+  'DEPLOYING',
+  'DEPLOY_FAILED',
+  'LOADING_MODEL',
+  'ACTIVE',
+  'UNHEALTHY',
+  'BUILD_FAILED',
+  'BUILD_STOPPED',
+  'DEACTIVATING',
+  'INACTIVE',
+  'FAILED',
+  'UPDATING',
+  'SCALED_TO_ZERO',
+  'WAKING_UP',
 ] as const;
 export type SamplerStatus = (typeof SAMPLER_STATUSES)[number];
 

@@ -58,9 +58,11 @@ export interface FloorMiss {
 /** A request that found no replica at or above its floor in time (HTTP 408). */
 export class FloorNotReached extends Error {
   constructor(readonly miss: FloorMiss) {
-    super(miss.unreachable
-      ? `X-Min-Policy-Version ${miss.floor} is above anything published to this sampler (latest ${miss.published_version}): publish with save_weights_for_sampler first.`
-      : `No replica has reached policy version ${miss.floor} yet (replicas at ${miss.replicas.map((r) => r.policy_version).join(', ')}); retry.`);
+    super(
+      miss.unreachable
+        ? `X-Min-Policy-Version ${miss.floor} is above anything published to this sampler (latest ${miss.published_version}): publish with save_weights_for_sampler first.`
+        : `No replica has reached policy version ${miss.floor} yet (replicas at ${miss.replicas.map((r) => r.policy_version).join(', ')}); retry.`,
+    );
   }
 }
 
@@ -114,7 +116,13 @@ export class SamplerReplicas {
 
   /** Live adapters, for /v1/models: each replica's distinct live version. */
   liveVersions(s: SamplerRecord): number[] {
-    return [...new Set(this.state(s).replicas.filter((r) => r.adapter).map((r) => r.liveVersion))].sort((a, b) => a - b);
+    return [
+      ...new Set(
+        this.state(s)
+          .replicas.filter((r) => r.adapter)
+          .map((r) => r.liveVersion),
+      ),
+    ].sort((a, b) => a - b);
   }
 
   /**
@@ -138,11 +146,24 @@ export class SamplerReplicas {
       replica = await new Promise<Replica | undefined>((resolve, reject) => {
         const check = () => {
           const r = pick();
-          if (r) { done(); resolve(r); }
+          if (r) {
+            done();
+            resolve(r);
+          }
         };
-        const stop = () => { done(); reject(new LoopsError('unavailable', 'loops-mock is shutting down (or was reset) while this request waited for its policy version floor.')); };
-        const timer = this.clock.setTimer(this.options.floorWaitMs, () => { done(); resolve(undefined); });
-        const done = () => { state.waiters.delete(check); timer.cancel(); this.stopSignal.removeEventListener('abort', stop); };
+        const stop = () => {
+          done();
+          reject(new LoopsError('unavailable', 'loops-mock is shutting down (or was reset) while this request waited for its policy version floor.'));
+        };
+        const timer = this.clock.setTimer(this.options.floorWaitMs, () => {
+          done();
+          resolve(undefined);
+        });
+        const done = () => {
+          state.waiters.delete(check);
+          timer.cancel();
+          this.stopSignal.removeEventListener('abort', stop);
+        };
         if (this.stopSignal.aborted) return stop();
         this.stopSignal.addEventListener('abort', stop);
         state.waiters.add(check);
@@ -233,7 +254,8 @@ export class SamplerReplicas {
   }
 
   private requireRunning(s: SamplerRecord): void {
-    if (samplerStopped(s)) throw new LoopsError('conflict', `Sampler ${s.id} is ${s.deleted ? 'deleted' : s.status}: it has no replicas to change.`, { sampler_id: s.id });
+    if (samplerStopped(s))
+      throw new LoopsError('conflict', `Sampler ${s.id} is ${s.deleted ? 'deleted' : s.status}: it has no replicas to change.`, { sampler_id: s.id });
   }
 
   private log(s: SamplerRecord, message: string, replica = 0): void {
@@ -252,8 +274,12 @@ export class SamplerReplicas {
     // A stopped sampler's replicas are gone (and their weights with them).
     if (samplerStopped(s)) return [];
     return this.state(s).replicas.map((r) => ({
-      replica: r.index, policy_version: r.liveVersion, syncing_version: r.syncing?.version ?? null,
-      sync_delay_ms: this.delayOf(r), paused: r.paused, pending_version: r.pending?.version ?? null,
+      replica: r.index,
+      policy_version: r.liveVersion,
+      syncing_version: r.syncing?.version ?? null,
+      sync_delay_ms: this.delayOf(r),
+      paused: r.paused,
+      pending_version: r.pending?.version ?? null,
     }));
   }
 
@@ -265,8 +291,10 @@ export class SamplerReplicas {
     const latest = this.weights.get(s.id);
     while (state.replicas.length < count) {
       const r = newReplica(state.replicas.length);
-      if (latest) { r.adapter = latest.adapter; r.liveVersion = latest.version; }
-      else r.adapter = state.replicas[0]?.adapter ?? null;
+      if (latest) {
+        r.adapter = latest.adapter;
+        r.liveVersion = latest.version;
+      } else r.adapter = state.replicas[0]?.adapter ?? null;
       state.replicas.push(r);
     }
     this.fleet.setSamplerReplicas(s, count);
@@ -278,7 +306,8 @@ export class SamplerReplicas {
     this.requireRunning(s);
     const state = this.state(s);
     const replica = state.replicas[index];
-    if (!replica) throw notFound(`Sampler ${s.id} has no replica ${index}: it has ${state.replicas.length} (0..${state.replicas.length - 1}).`, { field: 'replica' });
+    if (!replica)
+      throw notFound(`Sampler ${s.id} has no replica ${index}: it has ${state.replicas.length} (0..${state.replicas.length - 1}).`, { field: 'replica' });
     if (change.sync_delay_ms !== undefined) replica.delayMs = change.sync_delay_ms;
     if (change.paused === true) replica.paused = true;
     if (change.paused === false && replica.paused) {
@@ -298,4 +327,3 @@ function newReplica(index: number): Replica {
 function stableHash(key: string): number {
   return createHash('sha256').update(key).digest().readUInt32LE(0);
 }
-

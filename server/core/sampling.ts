@@ -74,10 +74,25 @@ export class Sampling {
     this.ready(s);
     if (body.stream) throw invalid('stream is not supported by loops-mock: send stream: false (or omit it).', { field: 'stream' });
     const served = this.modelIds(s);
-    if (body.model !== undefined && !served.includes(body.model)) throw new LoopsError('not_found', `model '${body.model}' is not served here; GET {sampler}/v1/models lists ${served.join(', ')}.`, { field: 'model' });
+    if (body.model !== undefined && !served.includes(body.model))
+      throw new LoopsError('not_found', `model '${body.model}' is not served here; GET {sampler}/v1/models lists ${served.join(', ')}.`, { field: 'model' });
     const tok = this.engines.tokenizers.get(s.base_model);
-    const tokens = this.promptTokens(s, { chunks: [{ type: 'encoded_text', tokens: typeof body.prompt === 'string' ? tok.encode(body.prompt) : body.prompt }] });
-    const params = this.params(s, { max_tokens: body.max_tokens ?? 16, temperature: body.temperature ?? 1, top_p: body.top_p ?? 1, top_k: body.top_k ?? -1, seed: body.seed ?? null, stop: body.stop }, tokens.length, '');
+    const tokens = this.promptTokens(s, {
+      chunks: [{ type: 'encoded_text', tokens: typeof body.prompt === 'string' ? tok.encode(body.prompt) : body.prompt }],
+    });
+    const params = this.params(
+      s,
+      {
+        max_tokens: body.max_tokens ?? 16,
+        temperature: body.temperature ?? 1,
+        top_p: body.top_p ?? 1,
+        top_k: body.top_k ?? -1,
+        seed: body.seed ?? null,
+        stop: body.stop,
+      },
+      tokens.length,
+      '',
+    );
     this.checkWork(body.n ?? 1, 'n', tokens.length, params.max_tokens);
     const wantLogprobs = body.logprobs !== undefined && body.logprobs !== null;
     const result = await this.replicas.serve(s, pin.floor, pin.affinityKey, async (adapter) => ({
@@ -94,7 +109,9 @@ export class Sampling {
       return {
         index,
         text: promptText + tok.decode(seq.tokens),
-        logprobs: wantLogprobs ? { tokens: allTokens, token_logprobs: allLogprobs, top_logprobs: null, text_offset: allTokens.map((p) => (offset += p.length) - p.length) } : null,
+        logprobs: wantLogprobs
+          ? { tokens: allTokens, token_logprobs: allLogprobs, top_logprobs: null, text_offset: allTokens.map((p) => (offset += p.length) - p.length) }
+          : null,
         finish_reason: seq.stop_reason,
       };
     });
@@ -114,7 +131,15 @@ export class Sampling {
   models(s: SamplerRecord) {
     samplerGate(s);
     const created = Math.floor(s.created_at / 1000);
-    const entry = (id: string, parent: string | null) => ({ id, object: 'model', created, owned_by: 'loops-mock', root: s.base_model, parent, max_model_len: s.max_seq_length });
+    const entry = (id: string, parent: string | null) => ({
+      id,
+      object: 'model',
+      created,
+      owned_by: 'loops-mock',
+      root: s.base_model,
+      parent,
+      max_model_len: s.max_seq_length,
+    });
     return { object: 'list', data: [entry(s.base_model, null), ...this.replicas.liveVersions(s).map((v) => entry(adapterModelId(s, v), s.base_model))] };
   }
 
@@ -137,7 +162,11 @@ export class Sampling {
     const cap = this.settings.maxTokensLimit;
     const length = this.fleet.lengthLimit(s.max_seq_length, "sampler's max_seq_length").maxLength;
     const limit = Math.min(cap, length - promptLength);
-    if (merged.max_tokens > limit) throw invalid(`max_tokens ${merged.max_tokens} is over this sampler's limit of ${limit} (max_seq_length ${length} minus the ${promptLength}-token prompt, at most ${cap}).`, { field: 'max_tokens' });
+    if (merged.max_tokens > limit)
+      throw invalid(
+        `max_tokens ${merged.max_tokens} is over this sampler's limit of ${limit} (max_seq_length ${length} minus the ${promptLength}-token prompt, at most ${cap}).`,
+        { field: 'max_tokens' },
+      );
     if (merged.top_k === 0) throw invalid('top_k must be -1 (off) or at least 1.', { field: 'top_k' });
     checkTemperature(merged.temperature, `${at}temperature`);
     return { ...merged, stop };
@@ -150,7 +179,11 @@ export class Sampling {
 
   /** A prompt's tokens, checked against the sampler's model and max_seq_length. */
   private promptTokens(s: SamplerRecord, prompt: ModelInputWire): number[] {
-    return modelInputTokens(prompt, 'prompt', { vocabulary: { size: this.engines.vocabSize(s.base_model), model: s.base_model }, ...this.fleet.lengthLimit(s.max_seq_length, "sampler's max_seq_length"), images: () => imageRule(this.engines, s.base_model) });
+    return modelInputTokens(prompt, 'prompt', {
+      vocabulary: { size: this.engines.vocabSize(s.base_model), model: s.base_model },
+      ...this.fleet.lengthLimit(s.max_seq_length, "sampler's max_seq_length"),
+      images: () => imageRule(this.engines, s.base_model),
+    });
   }
 
   private draw(s: SamplerRecord, adapter: LoraAdapter, prompt: number[], n: number, params: SamplingParams): Promise<SampledSequence[]> {
@@ -178,7 +211,10 @@ export function checkSampledTokens(samples: number, field: string, promptLength:
   const positions = samples * (promptLength + maxTokens);
   if (positions <= limit) return;
   const most = Math.floor(limit / (promptLength + maxTokens));
-  throw invalid(`${field} ${samples} × (the ${promptLength}-token prompt + max_tokens ${maxTokens}) is ${positions} positions; one request may hold at most ${limit} (the server's --max-sampled-tokens): ${most > 0 ? `ask for at most ${most} at this length, or` : 'shorten the prompt or max_tokens, or'} send several requests.`, { field, limit: 'max_sampled_tokens', limit_value: limit });
+  throw invalid(
+    `${field} ${samples} × (the ${promptLength}-token prompt + max_tokens ${maxTokens}) is ${positions} positions; one request may hold at most ${limit} (the server's --max-sampled-tokens): ${most > 0 ? `ask for at most ${most} at this length, or` : 'shorten the prompt or max_tokens, or'} send several requests.`,
+    { field, limit: 'max_sampled_tokens', limit_value: limit },
+  );
 }
 
 /** A reply and the replica that served it (the door puts both into headers). */
@@ -199,6 +235,10 @@ function adapterModelId(s: SamplerRecord, version: number): string {
 /** A stopped or deleted sampler serves nothing: 409 naming what to do instead. */
 export function samplerGate(s: SamplerRecord): void {
   if (s.deleted || s.status === 'INACTIVE' || s.status === 'DEACTIVATING' || s.status === 'FAILED') {
-    throw new LoopsError('conflict', `Sampler ${s.id} is ${s.deleted ? 'deleted' : s.status}: it no longer serves requests. Create a new sampler (POST /v1/loops/samplers).`, { type_detail: 'sampler_inactive', sampler_id: s.id });
+    throw new LoopsError(
+      'conflict',
+      `Sampler ${s.id} is ${s.deleted ? 'deleted' : s.status}: it no longer serves requests. Create a new sampler (POST /v1/loops/samplers).`,
+      { type_detail: 'sampler_inactive', sampler_id: s.id },
+    );
   }
 }

@@ -38,44 +38,122 @@ export type LiveSettingRow = {
  * come from here. The order is that of GET /_mock/settings and of --help.
  */
 export const LIVE_SETTINGS = {
-  coldStartMs: { wire: 'cold_start_ms', shape: 'whole', default: 0, range: [0, DAY_MS], flag: true, help: 'time for a new trainer or sampler (or a waking one) to become ready; 0 = at once' },
+  coldStartMs: {
+    wire: 'cold_start_ms',
+    shape: 'whole',
+    default: 0,
+    range: [0, DAY_MS],
+    flag: true,
+    help: 'time for a new trainer or sampler (or a waking one) to become ready; 0 = at once',
+  },
   modelColdStartMs: {
-    wire: 'model_cold_start_ms', shape: 'whole', default: 0, range: [0, DAY_MS], flag: true,
+    wire: 'model_cold_start_ms',
+    shape: 'whole',
+    default: 0,
+    range: [0, DAY_MS],
+    flag: true,
     help: 'time a checkpoint deployed to inference walks BUILDING, DEPLOYING, LOADING_MODEL (a third each) before it is ACTIVE; 0 = at once',
   },
-  deactivationMs: { wire: 'deactivation_ms', shape: 'whole', default: 0, range: [0, DAY_MS], flag: true, help: 'time a sampler stays DEACTIVATING before it is INACTIVE; 0 = at once' },
+  deactivationMs: {
+    wire: 'deactivation_ms',
+    shape: 'whole',
+    default: 0,
+    range: [0, DAY_MS],
+    flag: true,
+    help: 'time a sampler stays DEACTIVATING before it is INACTIVE; 0 = at once',
+  },
   samplerReplicas: { wire: 'sampler_replicas', shape: 'whole', default: 1, range: [1, 64], flag: true, help: 'replicas per new sampler' },
   weightSyncDelayMs: {
-    wire: 'weight_sync_delay_ms', shape: 'list', default: [0], range: [0, DAY_MS], flag: true,
+    wire: 'weight_sync_delay_ms',
+    shape: 'list',
+    default: [0],
+    range: [0, DAY_MS],
+    flag: true,
     help: 'delay before a sampler replica makes published weights live; a comma list gives each replica its own, the last repeating',
   },
   floorWaitMs: {
-    wire: 'floor_wait_ms', shape: 'whole', default: 2000, range: [0, DAY_MS], flag: true, flagRange: [0, 600_000],
+    wire: 'floor_wait_ms',
+    shape: 'whole',
+    default: 2000,
+    range: [0, DAY_MS],
+    flag: true,
+    flagRange: [0, 600_000],
     help: 'how long a sampling request below X-Min-Policy-Version waits for a replica before 408',
   },
   maxSeqLenLimit: {
-    wire: 'max_seq_len_limit', shape: 'whole', default: 8192, range: [1, 1_048_576], flag: true,
+    wire: 'max_seq_len_limit',
+    shape: 'whole',
+    default: 8192,
+    range: [1, 1_048_576],
+    flag: true,
     help: "longest sequence, in positions, this server takes: a run's max_seq_len or a sampler's max_seq_length above it is a 400, and so is a longer input; memory per request stays bounded above it (long sequences are computed in blocks), time grows with length",
   },
-  maxTokensLimit: { wire: 'max_tokens_limit', shape: 'whole', default: 4096, range: [1, 1_000_000], flag: false, help: 'largest max_tokens a sampling request may ask for' },
+  maxTokensLimit: {
+    wire: 'max_tokens_limit',
+    shape: 'whole',
+    default: 4096,
+    range: [1, 1_000_000],
+    flag: false,
+    help: 'largest max_tokens a sampling request may ask for',
+  },
   // Issue 31 item 13: the work one request may ask for, so that none takes the server past 2 GB (soak/request-memory.ts).
   maxSampledTokens: {
-    wire: 'max_sampled_tokens', shape: 'whole', default: 131_072, range: [1, 67_108_864], flag: true,
+    wire: 'max_sampled_tokens',
+    shape: 'whole',
+    default: 131_072,
+    range: [1, 67_108_864],
+    flag: true,
     help: 'most positions one sampling request may hold at once: samples (num_samples, n) × (prompt + max_tokens), each sequence keeping a cache of its positions; over it is a 400 naming this flag',
   },
   maxBatchTokens: {
-    wire: 'max_batch_tokens', shape: 'whole', default: 8192, range: [1, 67_108_864], flag: true,
+    wire: 'max_batch_tokens',
+    shape: 'whole',
+    default: 8192,
+    range: [1, 67_108_864],
+    flag: true,
     help: 'most positions one forward or forward_backward may carry, all its datums together; over it is a 400 naming this flag',
   },
   bodyBytesInFlight: {
-    wire: 'body_bytes_in_flight', shape: 'whole', default: 268_435_456, range: [1024, 17_179_869_184], flag: true,
+    wire: 'body_bytes_in_flight',
+    shape: 'whole',
+    default: 268_435_456,
+    range: [1024, 17_179_869_184],
+    flag: true,
     help: 'most bytes of request bodies the server holds at once (each costs about three times its size parsed); a body that would pass it waits for none: 503 with Retry-After, while a body alone is always taken',
   },
   // Below the 30 s the clients wait for an answer, so a poll always gets one.
-  longPollMs: { wire: 'long_poll_ms', shape: 'whole', default: 25_000, range: [1, 29_999], flag: true, help: "long-poll window of GET .../operations/{id}, then 408; below the clients' 30000" },
-  operationTtlMs: { wire: 'operation_ttl_ms', shape: 'whole', default: 600_000, range: [1, 7 * DAY_MS], flag: true, help: 'how long a finished operation stays retrievable, then 404' },
-  runIdleTimeoutMs: { wire: 'run_idle_timeout_ms', shape: 'nullable', default: null, range: [0, DAY_MS], flag: false, help: "when set, replaces each run's scale_down_delay_seconds as its idle timeout" },
-  samplerIdleMs: { wire: 'sampler_idle_ms', shape: 'nullable', default: null, range: [0, DAY_MS], flag: false, help: 'when set, an ACTIVE sampler idle this long is SCALED_TO_ZERO (the next request wakes it)' },
+  longPollMs: {
+    wire: 'long_poll_ms',
+    shape: 'whole',
+    default: 25_000,
+    range: [1, 29_999],
+    flag: true,
+    help: "long-poll window of GET .../operations/{id}, then 408; below the clients' 30000",
+  },
+  operationTtlMs: {
+    wire: 'operation_ttl_ms',
+    shape: 'whole',
+    default: 600_000,
+    range: [1, 7 * DAY_MS],
+    flag: true,
+    help: 'how long a finished operation stays retrievable, then 404',
+  },
+  runIdleTimeoutMs: {
+    wire: 'run_idle_timeout_ms',
+    shape: 'nullable',
+    default: null,
+    range: [0, DAY_MS],
+    flag: false,
+    help: "when set, replaces each run's scale_down_delay_seconds as its idle timeout",
+  },
+  samplerIdleMs: {
+    wire: 'sampler_idle_ms',
+    shape: 'nullable',
+    default: null,
+    range: [0, DAY_MS],
+    flag: false,
+    help: 'when set, an ACTIVE sampler idle this long is SCALED_TO_ZERO (the next request wakes it)',
+  },
 } as const satisfies Record<string, LiveSettingRow>;
 
 type Rows = typeof LIVE_SETTINGS;
@@ -101,7 +179,10 @@ interface WireShapes extends Omit<SettingShapes, 'list'> {
 export type SettingsWire = { [K in SettingKey as Rows[K]['wire']]?: WireShapes[Rows[K]['shape']] };
 
 /** The rows with their keys, in table order. */
-export const LIVE_SETTING_ROWS: readonly (LiveSettingRow & { key: SettingKey })[] = Object.entries(LIVE_SETTINGS).map(([key, row]) => ({ ...row, key: key as SettingKey }));
+export const LIVE_SETTING_ROWS: readonly (LiveSettingRow & { key: SettingKey })[] = Object.entries(LIVE_SETTINGS).map(([key, row]) => ({
+  ...row,
+  key: key as SettingKey,
+}));
 
 export const DEFAULT_SETTINGS: Settings = Object.fromEntries(
   LIVE_SETTING_ROWS.map((row) => [row.key, Array.isArray(row.default) ? [...row.default] : row.default]),
@@ -125,7 +206,8 @@ export function applySettings(target: Settings, wire: Record<string, unknown>, w
     if (!row) throw invalid(`${where}.${name} is not a setting. Settings: ${[...ROW_BY_WIRE.keys()].join(', ')}.`, { field: `${where}.${name}` });
     const [min, max] = row.range;
     const check = (v: unknown, field: string) => {
-      if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) throw invalid(`${field} must be a whole number from ${min} to ${max}, got ${JSON.stringify(v)}.`, { field });
+      if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max)
+        throw invalid(`${field} must be a whole number from ${min} to ${max}, got ${JSON.stringify(v)}.`, { field });
       return v;
     };
     if (row.shape === 'list') {

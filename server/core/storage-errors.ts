@@ -56,7 +56,10 @@ export class BackgroundWriteFailures {
   private lastError: string | undefined;
 
   /** @param tell where the two notices go (the server log) */
-  constructor(private readonly what: string, private tell: (level: 'warn' | 'info', message: string) => void = () => undefined) {}
+  constructor(
+    private readonly what: string,
+    private tell: (level: 'warn' | 'info', message: string) => void = () => undefined,
+  ) {}
 
   /** Where notices go from now on (the server log, once it exists). */
   tellTo(tell: (level: 'warn' | 'info', message: string) => void): void {

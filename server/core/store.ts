@@ -15,14 +15,14 @@ export class DataDirError extends Error {
 }
 
 /** The two ways past a data dir that cannot be used (server/core/data-dir.ts); neither deletes anything. */
-export const WAYS_OUT = 'Start with --rebuild-records to set the database aside and rebuild the checkpoints\' records from their folders, or with --data-dir-fresh to set the database and checkpoints aside and start empty (nothing is deleted).';
+export const WAYS_OUT =
+  "Start with --rebuild-records to set the database aside and rebuild the checkpoints' records from their folders, or with --data-dir-fresh to set the database and checkpoints aside and start empty (nothing is deleted).";
 
 function unreadableDatabase(file: string, err: unknown): DataDirError {
   return new DataDirError(`${file} cannot be read as a loops-mock database: ${(err as Error).message}. ${WAYS_OUT}`);
 }
 
-export type RecordKind =
-  | 'org' | 'team' | 'user' | 'session' | 'run' | 'deployment' | 'sampler' | 'checkpoint' | 'user_config' | 'model_deployment';
+export type RecordKind = 'org' | 'team' | 'user' | 'session' | 'run' | 'deployment' | 'sampler' | 'checkpoint' | 'user_config' | 'model_deployment';
 
 /** The newest log lines kept per deployment (what GET .../logs can page through). */
 export const LOGS_PER_DEPLOYMENT = 10_000;
@@ -96,9 +96,7 @@ export class Store {
       throw unreadableDatabase(this.file, err);
     }
     this.upsert = this.db.prepare('INSERT INTO records (kind, id, data) VALUES (?, ?, ?) ON CONFLICT (kind, id) DO UPDATE SET data = excluded.data');
-    this.insertLog = this.db.prepare(
-      'INSERT INTO logs (deployment_id, ts_ms, level, level_rank, message, replica, request_id) VALUES (?, ?, ?, ?, ?, ?, ?)',
-    );
+    this.insertLog = this.db.prepare('INSERT INTO logs (deployment_id, ts_ms, level, level_rank, message, replica, request_id) VALUES (?, ?, ?, ?, ?, ?, ?)');
     this.trimLogs = this.db.prepare(
       'DELETE FROM logs WHERE deployment_id = ? AND seq <= (SELECT seq FROM logs WHERE deployment_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)',
     );
@@ -188,7 +186,9 @@ export class Store {
 
   appendLog(log: LogRecord): void {
     this.writes++;
-    this.guard(`the log line of deployment ${log.deployment_id}`, () => this.insertLog.run(log.deployment_id, log.ts_ms, log.level, LOG_LEVELS.indexOf(log.level), log.message, log.replica, log.request_id));
+    this.guard(`the log line of deployment ${log.deployment_id}`, () =>
+      this.insertLog.run(log.deployment_id, log.ts_ms, log.level, LOG_LEVELS.indexOf(log.level), log.message, log.replica, log.request_id),
+    );
     // Every request writes a line: a long-lived deployment keeps its newest LOGS_PER_DEPLOYMENT, trimmed now and then.
     const n = (this.sinceTrim.get(log.deployment_id) ?? 0) + 1;
     if (n < LOG_TRIM_EVERY) {
@@ -202,10 +202,22 @@ export class Store {
   queryLogs(q: LogQuery): LogRecord[] {
     const where = ['deployment_id = ?'];
     const args: unknown[] = [q.deploymentId];
-    if (q.startMs !== undefined) { where.push('ts_ms >= ?'); args.push(q.startMs); }
-    if (q.endMs !== undefined) { where.push('ts_ms <= ?'); args.push(q.endMs); }
-    if (q.minLevel) { where.push('level_rank >= ?'); args.push(LOG_LEVELS.indexOf(q.minLevel)); }
-    if (q.replicaPrefix) { where.push("replica LIKE ? ESCAPE '\\'"); args.push(`${q.replicaPrefix.replace(/[\\%_]/g, (c) => `\\${c}`)}%`); }
+    if (q.startMs !== undefined) {
+      where.push('ts_ms >= ?');
+      args.push(q.startMs);
+    }
+    if (q.endMs !== undefined) {
+      where.push('ts_ms <= ?');
+      args.push(q.endMs);
+    }
+    if (q.minLevel) {
+      where.push('level_rank >= ?');
+      args.push(LOG_LEVELS.indexOf(q.minLevel));
+    }
+    if (q.replicaPrefix) {
+      where.push("replica LIKE ? ESCAPE '\\'");
+      args.push(`${q.replicaPrefix.replace(/[\\%_]/g, (c) => `\\${c}`)}%`);
+    }
     const order = q.direction === 'asc' ? 'ASC' : 'DESC';
     const sql = `SELECT deployment_id, ts_ms, level, message, replica, request_id FROM logs WHERE ${where.join(' AND ')}
       ORDER BY ts_ms ${order}, seq ${order} LIMIT ?`;
@@ -219,7 +231,9 @@ export class Store {
 
   setMeta(key: string, value: string): void {
     this.writes++;
-    this.guard(`the setting ${key}`, () => this.db.prepare('INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value').run(key, value));
+    this.guard(`the setting ${key}`, () =>
+      this.db.prepare('INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value').run(key, value),
+    );
   }
 
   /** Runs one write: a disk failure becomes a StorageError naming the data dir; a success after failures says so once. */

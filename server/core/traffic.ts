@@ -58,7 +58,12 @@ export class Traffic {
 
   report(deploymentId: string, startMs: number, endMs: number, stepMs: number, perMs: number): TrafficReport {
     const report: TrafficReport = {
-      inference_volume: [], concurrent_requests: [], response_time_stats: [], inference_volume_by_status: [], cpu_usage: [], cpu_memory_usage_bytes: [],
+      inference_volume: [],
+      concurrent_requests: [],
+      response_time_stats: [],
+      inference_volume_by_status: [],
+      cpu_usage: [],
+      cpu_memory_usage_bytes: [],
     };
     const reqs = (this.requests.get(deploymentId) ?? []).filter((r) => r.at >= startMs && r.at <= endMs);
     const res = (this.resources.get(deploymentId) ?? []).filter((r) => r.at >= startMs && r.at <= endMs);

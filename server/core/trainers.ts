@@ -1,7 +1,20 @@
 import { createHash } from 'node:crypto';
 import {
-  adapterConfig, ADAM_DEFAULTS, CheckpointLoadError, checkTrainingData, isLossName, LOSS_NAMES, LossInputError, LoraTrainer, resolveLossConfig, type AdamParams,
-  MAX_TOP_K_LOGPROBS, type EnginePool, type LossName, type TopTokens, type TrainingDatum,
+  adapterConfig,
+  ADAM_DEFAULTS,
+  CheckpointLoadError,
+  checkTrainingData,
+  isLossName,
+  LOSS_NAMES,
+  LossInputError,
+  LoraTrainer,
+  resolveLossConfig,
+  type AdamParams,
+  MAX_TOP_K_LOGPROBS,
+  type EnginePool,
+  type LossName,
+  type TopTokens,
+  type TrainingDatum,
 } from '../../models/index.js';
 import type { ForwardBody, TrainerBody, TrainerOp, WireTensorData } from '../wire/trainer.js';
 import { MAX_LORA_RANK, type Fleet } from './fleet.js';
@@ -51,7 +64,11 @@ export class Trainers {
     private readonly settings: Pick<Settings, 'maxBatchTokens'>,
   ) {
     fleet.onRunStopped((run, reason) => {
-      this.operations.failPending(run.id, 'RunDeactivated', `Run ${run.id} is INACTIVE (${reason}); its operations were stopped. Create a new run to continue.`);
+      this.operations.failPending(
+        run.id,
+        'RunDeactivated',
+        `Run ${run.id} is INACTIVE (${reason}); its operations were stopped. Create a new run to continue.`,
+      );
       this.states.delete(run.id);
     });
   }
@@ -89,7 +106,8 @@ export class Trainers {
       try {
         return await work(state.trainer);
       } catch (err) {
-        if (err instanceof LossInputError || err instanceof CheckpointLoadError || (err instanceof LoopsError && err.kind === 'invalid_request')) throw new OperationFailure('ValueError', err.message);
+        if (err instanceof LossInputError || err instanceof CheckpointLoadError || (err instanceof LoopsError && err.kind === 'invalid_request'))
+          throw new OperationFailure('ValueError', err.message);
         throw err;
       }
     });
@@ -109,14 +127,20 @@ export class Trainers {
           const r = op === 'forward' ? await t.forward(data, loss, config, { topK }) : await t.forwardBackward(data, loss, config, { topK });
           const result = {
             loss: r.loss,
-            loss_fn_outputs: r.logprobs.map((lp, i) => ({ logprobs: { data: Array.from(lp), dtype: 'float32', shape: [lp.length] }, ...(r.top ? topTensors(r.top[i]!, topK) : {}) })),
+            loss_fn_outputs: r.logprobs.map((lp, i) => ({
+              logprobs: { data: Array.from(lp), dtype: 'float32', shape: [lp.length] },
+              ...(r.top ? topTensors(r.top[i]!, topK) : {}),
+            })),
             metrics: r.metrics,
           };
           // A result with NaN or Infinity would read as nulls; gradients that hold one would poison the next step.
           const bad = nonFiniteIn(result, 'result') ?? (training ? nonFiniteGradient(t) : null);
           if (bad) {
             if (training) restoreGradients(t, before);
-            throw new OperationFailure('ValueError', `${op} overflowed float32: ${bad}. The adapter's scale (lora_alpha ${t.adapter.alpha} over rank ${t.adapter.rank}), its weights after the steps so far, or the datums' values are too large for the model to compute with${training ? '; the gradients of this call were dropped, those accumulated before it kept' : ''}. Lower them (or load_state a checkpoint from before the weights grew).`);
+            throw new OperationFailure(
+              'ValueError',
+              `${op} overflowed float32: ${bad}. The adapter's scale (lora_alpha ${t.adapter.alpha} over rank ${t.adapter.rank}), its weights after the steps so far, or the datums' values are too large for the model to compute with${training ? '; the gradients of this call were dropped, those accumulated before it kept' : ''}. Lower them (or load_state a checkpoint from before the weights grew).`,
+            );
           }
           return result;
         };
@@ -126,7 +150,11 @@ export class Trainers {
         return async (t) => {
           const metrics = t.optimStep(hp);
           const bad = nonFiniteIn(metrics, 'metrics');
-          if (bad) throw new OperationFailure('ValueError', `optim_step overflowed float32: ${bad}. The gradients or adam_params are too large for the weights to stay finite; load_state a checkpoint from before this step and lower learning_rate.`);
+          if (bad)
+            throw new OperationFailure(
+              'ValueError',
+              `optim_step overflowed float32: ${bad}. The gradients or adam_params are too large for the weights to stay finite; load_state a checkpoint from before this step and lower learning_rate.`,
+            );
           return { metrics, policy_version: this.nextVersion(run) };
         };
       }
@@ -155,7 +183,11 @@ export class Trainers {
         const c = this.checkpoints.resolve(p, path, 'path', withOptimizer ? 'trainer' : undefined);
         if (c.base_model !== run.base_model) throw invalid(`path is a checkpoint of ${c.base_model}; this run trains ${run.base_model}.`, { field: 'path' });
         const rank = (c.lora_adapter_config as { r?: number } | null)?.r;
-        if (rank !== undefined && rank !== run.lora_rank) throw invalid(`path holds a rank-${rank} adapter; this run's lora_rank is ${run.lora_rank}. Use init_trainer_server {lora_rank: ${rank}} first, or a run of that rank.`, { field: 'path' });
+        if (rank !== undefined && rank !== run.lora_rank)
+          throw invalid(
+            `path holds a rank-${rank} adapter; this run's lora_rank is ${run.lora_rank}. Use init_trainer_server {lora_rank: ${rank}} first, or a run of that rank.`,
+            { field: 'path' },
+          );
         return async (t) => {
           t.load(this.checkpoints.readFiles(c), withOptimizer);
           this.nextVersion(run, t.step);
@@ -166,7 +198,11 @@ export class Trainers {
         const rank = request.body.lora_rank;
         const alpha = request.body.lora_alpha ?? 32;
         if (rank < 1 || rank > MAX_LORA_RANK) throw invalid(`lora_rank ${rank} is out of range: use 1..${MAX_LORA_RANK}.`, { field: 'lora_rank' });
-        if (!(alpha > 0) || alpha > MAX_LORA_ALPHA) throw invalid(`lora_alpha must be > 0 and at most ${MAX_LORA_ALPHA} (got ${alpha}): the scale lora_alpha / lora_rank multiplies every adapter output in float32.`, { field: 'lora_alpha' });
+        if (!(alpha > 0) || alpha > MAX_LORA_ALPHA)
+          throw invalid(
+            `lora_alpha must be > 0 and at most ${MAX_LORA_ALPHA} (got ${alpha}): the scale lora_alpha / lora_rank multiplies every adapter output in float32.`,
+            { field: 'lora_alpha' },
+          );
         return async (t) => {
           t.reset(rank, alpha);
           this.fleet.setLoraRank(run, rank);
@@ -184,9 +220,11 @@ export class Trainers {
   private checkPass(run: RunRecord, body: ForwardBody): { data: TrainingDatum[]; loss: LossName; config: Record<string, number>; topK: number } {
     // Absent: the SDK's default.
     const loss = body.loss_fn ?? 'cross_entropy';
-    if (!isLossName(loss)) throw invalid(`loss_fn '${loss}' is not a loss of Loops: use one of ${LOSS_NAMES.join(', ')} (or leave it out for cross_entropy).`, { field: 'loss_fn' });
+    if (!isLossName(loss))
+      throw invalid(`loss_fn '${loss}' is not a loss of Loops: use one of ${LOSS_NAMES.join(', ')} (or leave it out for cross_entropy).`, { field: 'loss_fn' });
     const topK = body.top_k_logprobs ?? 0;
-    if (topK < 0 || topK > MAX_TOP_K_LOGPROBS) throw invalid(`top_k_logprobs ${topK} is out of range: use 0..${MAX_TOP_K_LOGPROBS} (0 or absent: none).`, { field: 'top_k_logprobs' });
+    if (topK < 0 || topK > MAX_TOP_K_LOGPROBS)
+      throw invalid(`top_k_logprobs ${topK} is out of range: use 0..${MAX_TOP_K_LOGPROBS} (0 or absent: none).`, { field: 'top_k_logprobs' });
     checkBatchSize(body, this.settings.maxBatchTokens, this.fleet.lengthLimit(run.max_seq_len, "run's max_seq_len"));
     const vocab = this.engines.vocabSize(run.base_model);
     try {
@@ -204,13 +242,22 @@ export class Trainers {
           if (!want) throw invalid(`${field} is not an input of Loops losses: use ${Object.keys(LOSS_INPUTS).join(', ')}.`, { field });
           if (tensor.dtype !== want) throw invalid(`${field} must have dtype '${want}' (got '${tensor.dtype}').`, { field: `${field}.dtype` });
           if (tensor.shape && (tensor.shape.length !== 1 || tensor.shape[0] !== tensor.data.length)) {
-            throw invalid(`${field}.shape ${JSON.stringify(tensor.shape)} does not fit its ${tensor.data.length} values: per-position inputs are 1-D, [${tokens.length}].`, { field: `${field}.shape` });
+            throw invalid(
+              `${field}.shape ${JSON.stringify(tensor.shape)} does not fit its ${tensor.data.length} values: per-position inputs are 1-D, [${tokens.length}].`,
+              { field: `${field}.shape` },
+            );
           }
           if (want === 'int64' && tensor.data.some((v) => !Number.isInteger(v))) throw invalid(`${field} must hold integers.`, { field });
           arrays[name] = tensor.data;
         }
         const f32 = (a?: number[]) => (a ? Float32Array.from(a) : null);
-        return { tokens, targetTokens: arrays.target_tokens ?? null, weights: f32(arrays.weights), logprobs: f32(arrays.logprobs), advantages: f32(arrays.advantages) };
+        return {
+          tokens,
+          targetTokens: arrays.target_tokens ?? null,
+          weights: f32(arrays.weights),
+          logprobs: f32(arrays.logprobs),
+          advantages: f32(arrays.advantages),
+        };
       });
       checkTrainingData(data, vocab, loss);
       checkLossInputRanges(data, loss);
@@ -253,11 +300,15 @@ function checkBatchSize(body: ForwardBody, limit: number, length: { maxLength: n
   body.data.forEach((d, i) => {
     const n = declaredPositions(d.model_input);
     // A datum too long for the run says so first: the more precise of the two.
-    if (n.positions > length.maxLength) throw invalid(`data[${i}].model_input has ${tokenCount(n)}; the ${length.lengthName} is ${length.maxLength}.`, { field: `data[${i}].model_input` });
+    if (n.positions > length.maxLength)
+      throw invalid(`data[${i}].model_input has ${tokenCount(n)}; the ${length.lengthName} is ${length.maxLength}.`, { field: `data[${i}].model_input` });
     positions += n.positions;
   });
   if (positions > limit) {
-    throw invalid(`data has ${positions} positions in ${body.data.length} datums; one forward or forward_backward may carry at most ${limit} (the server's --max-batch-tokens): split it into several calls, whose gradients add up before optim_step.`, { field: 'data', limit: 'max_batch_tokens', limit_value: limit });
+    throw invalid(
+      `data has ${positions} positions in ${body.data.length} datums; one forward or forward_backward may carry at most ${limit} (the server's --max-batch-tokens): split it into several calls, whose gradients add up before optim_step.`,
+      { field: 'data', limit: 'max_batch_tokens', limit_value: limit },
+    );
   }
 }
 
@@ -269,7 +320,11 @@ function checkAdam(given: Partial<AdamParams>): AdamParams {
     ['beta1', (v) => v >= 0 && v < 1, 'in [0, 1)'],
     ['beta2', (v) => v >= 0 && v < 1, 'in [0, 1)'],
     ['eps', (v) => v >= MIN_ADAM_EPS, `>= ${MIN_ADAM_EPS}`],
-    ['weight_decay', (v) => v >= 0 && v * hp.learning_rate <= 1, '>= 0, with learning_rate × weight_decay at most 1 (the share of each weight a step takes away)'],
+    [
+      'weight_decay',
+      (v) => v >= 0 && v * hp.learning_rate <= 1,
+      '>= 0, with learning_rate × weight_decay at most 1 (the share of each weight a step takes away)',
+    ],
     ['grad_clip_norm', (v) => v >= 0, '>= 0 (0 = no clipping)'],
   ];
   for (const [k, ok, want] of rules) {
@@ -286,7 +341,12 @@ function checkAdam(given: Partial<AdamParams>): AdamParams {
 function topTensors(rows: TopTokens[], k: number): { top_k_token_ids: WireTensorData; top_k_logprobs: WireTensorData } {
   const ids = new Array<number>(rows.length * k).fill(0);
   const logprobs = new Array<number>(rows.length * k).fill(TOP_K_SENTINEL_LOGPROB);
-  rows.forEach((row, t) => row.ids.forEach((id, j) => { ids[t * k + j] = id; logprobs[t * k + j] = row.logprobs[j]!; }));
+  rows.forEach((row, t) =>
+    row.ids.forEach((id, j) => {
+      ids[t * k + j] = id;
+      logprobs[t * k + j] = row.logprobs[j]!;
+    }),
+  );
   const shape = [rows.length, k];
   return { top_k_token_ids: { data: ids, dtype: 'int64', shape }, top_k_logprobs: { data: logprobs, dtype: 'float32', shape } };
 }
@@ -325,4 +385,3 @@ function adapterConfigOf(t: LoraTrainer): Record<string, unknown> {
 function seedOf(runId: string): number {
   return createHash('sha256').update(runId).digest().readUInt32LE(0);
 }
-

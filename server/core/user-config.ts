@@ -28,7 +28,10 @@ export class UserConfigs {
       if (!(field in patch)) continue;
       const value = patch[field];
       if (Array.isArray(value)) {
-        if (value.length === 0) throw invalid(`${field} must not be an empty list: send null to inherit the organisation's allowlist, or list GPU types such as ["H100", "H200"].`, { field });
+        if (value.length === 0)
+          throw invalid(`${field} must not be an empty list: send null to inherit the organisation's allowlist, or list GPU types such as ["H100", "H200"].`, {
+            field,
+          });
         const seen = new Set<string>();
         for (const gpu of value) {
           if (!gpu.trim()) throw invalid(`${field} contains an empty GPU type.`, { field });

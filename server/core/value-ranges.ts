@@ -40,14 +40,20 @@ const shown = (v: number) => Number(v.toPrecision(7));
 
 /** A non-zero temperature below MIN_TEMPERATURE is refused; 0 is greedy. */
 export function checkTemperature(t: number, field: string): void {
-  if (t > 0 && t < MIN_TEMPERATURE) throw invalid(`${field} ${t} is too small to sample with: use 0 for greedy sampling, or at least ${MIN_TEMPERATURE} (1 / ${field} scales the model's float32 activations).`, { field });
+  if (t > 0 && t < MIN_TEMPERATURE)
+    throw invalid(
+      `${field} ${t} is too small to sample with: use 0 for greedy sampling, or at least ${MIN_TEMPERATURE} (1 / ${field} scales the model's float32 activations).`,
+      { field },
+    );
 }
 
 /** loss_fn_config values inside 0..MAX_LOSS_CONFIG_VALUE (their own rules, e.g. low < high, are the loss's). */
 export function checkLossConfigRanges(config: Record<string, unknown> | null | undefined): void {
   for (const [k, v] of Object.entries(config ?? {})) {
     if (typeof v === 'number' && Math.abs(v) > MAX_LOSS_CONFIG_VALUE) {
-      throw invalid(`loss_fn_config.${k} is ${v}: loss settings are ratios, log-ratios or penalty weights, at most ${MAX_LOSS_CONFIG_VALUE}.`, { field: `loss_fn_config.${k}` });
+      throw invalid(`loss_fn_config.${k} is ${v}: loss settings are ratios, log-ratios or penalty weights, at most ${MAX_LOSS_CONFIG_VALUE}.`, {
+        field: `loss_fn_config.${k}`,
+      });
     }
   }
 }
@@ -59,19 +65,28 @@ export function checkLossConfigRanges(config: Record<string, unknown> | null | u
  */
 export function checkLossInputRanges(data: TrainingDatum[], loss: LossName): void {
   data.forEach((d, i) => {
-    const scaled: ['weights' | 'advantages', Float32Array | null][] = [['weights', d.weights], ['advantages', d.advantages]];
+    const scaled: ['weights' | 'advantages', Float32Array | null][] = [
+      ['weights', d.weights],
+      ['advantages', d.advantages],
+    ];
     for (const [name, values] of scaled) {
       const t = values ? values.findIndex((v) => Math.abs(v) > MAX_ABS_LOSS_SCALE) : -1;
       if (t >= 0) {
         const field = `data[${i}].loss_fn_inputs.${name}`;
-        throw invalid(`${field}[${t}] is ${shown(values![t]!)}: ${name} scale each position's loss and are at most ${MAX_ABS_LOSS_SCALE} in magnitude; normalise them.`, { field });
+        throw invalid(
+          `${field}[${t}] is ${shown(values![t]!)}: ${name} scale each position's loss and are at most ${MAX_ABS_LOSS_SCALE} in magnitude; normalise them.`,
+          { field },
+        );
       }
     }
     if (!isRatioLoss(loss) || !d.logprobs || !d.advantages) return;
     const t = d.logprobs.findIndex((q, k) => d.advantages![k] !== 0 && q < MIN_COUNTED_LOGPROB);
     if (t >= 0) {
       const field = `data[${i}].loss_fn_inputs.logprobs`;
-      throw invalid(`${field}[${t}] is ${shown(d.logprobs[t]!)} where the advantage is ${shown(d.advantages[t]!)}: the ratio exp(logprob - ${field}) overflows float32 below ${MIN_COUNTED_LOGPROB}, and no sampled token is that unlikely; send the sampler's logprob of the token (or advantage 0 where the position should not count).`, { field });
+      throw invalid(
+        `${field}[${t}] is ${shown(d.logprobs[t]!)} where the advantage is ${shown(d.advantages[t]!)}: the ratio exp(logprob - ${field}) overflows float32 below ${MIN_COUNTED_LOGPROB}, and no sampled token is that unlikely; send the sampler's logprob of the token (or advantage 0 where the position should not count).`,
+        { field },
+      );
     }
   });
 }

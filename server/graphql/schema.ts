@@ -69,9 +69,15 @@ const SDL = `
   type CreateModelVersionFromInferenceTemplateResponse { model_version: ModelVersion, truss_config: String! }
 `;
 
-
 /** GraphQL error codes of the core's error kinds (truss reads `extensions.code` and `extensions.description`). */
-const CODES: Record<string, string> = { invalid_request: 'BAD_USER_INPUT', not_found: 'NOT_FOUND', forbidden: 'FORBIDDEN', unauthorized: 'UNAUTHENTICATED', conflict: 'CONFLICT', insufficient_storage: 'INSUFFICIENT_STORAGE' };
+const CODES: Record<string, string> = {
+  invalid_request: 'BAD_USER_INPUT',
+  not_found: 'NOT_FOUND',
+  forbidden: 'FORBIDDEN',
+  unauthorized: 'UNAUTHENTICATED',
+  conflict: 'CONFLICT',
+  insufficient_storage: 'INSUFFICIENT_STORAGE',
+};
 
 export interface GraphqlContext {
   principal: Principal;
@@ -91,7 +97,8 @@ function userError(message: string, field: string): GraphQLError {
 
 /** A core error as GraphQL reports it: the message, and a code truss prints. */
 export function asGraphqlError(err: unknown): unknown {
-  if (err instanceof LoopsError) return new GraphQLError(err.message, { extensions: { code: CODES[err.kind] ?? 'BAD_USER_INPUT', description: err.message, ...err.details } });
+  if (err instanceof LoopsError)
+    return new GraphQLError(err.message, { extensions: { code: CODES[err.kind] ?? 'BAD_USER_INPUT', description: err.message, ...err.details } });
   return err;
 }
 
@@ -101,39 +108,56 @@ export function graphqlSchema(): GraphQLSchema {
 
 /** Resolvers of Query and Mutation fields (graphql-js's root value). */
 export function rootValue(core: LoopsCore) {
-  const guard = <A, T>(fn: (args: A, ctx: GraphqlContext) => T) => (args: A, ctx: GraphqlContext) => {
-    try {
-      return fn(args, ctx);
-    } catch (err) {
-      throw asGraphqlError(err);
-    }
-  };
+  const guard =
+    <A, T>(fn: (args: A, ctx: GraphqlContext) => T) =>
+    (args: A, ctx: GraphqlContext) => {
+      try {
+        return fn(args, ctx);
+      } catch (err) {
+        throw asGraphqlError(err);
+      }
+    };
   return {
     listed_instances: () => INSTANCE_TYPES,
     organization: guard((_: unknown, { principal }) => ({ id: principal.org_id, workspace_name: core.accounts.team(principal, principal.team_id).name })),
     user: guard((_: unknown, { principal }) => ({ id: principal.user_id, email: principal.email })),
-    range_model_metrics: guard((args: { model_version_id: string; start?: string | null; end?: string | null; step_seconds?: number | null }, { principal }) => {
-      const r = core.modelDeployments.list(principal).find((d) => d.deployment_id === args.model_version_id);
-      if (!r) throw userError(`model_version_id '${args.model_version_id}' is not a model version of yours: it is the deployment_id of a deployed checkpoint.`, 'model_version_id');
-      const time = (v: string | null | undefined, field: string, fallback: number) => {
-        if (v === undefined || v === null) return fallback;
-        const ms = /^\d+(\.\d+)?$/.test(v) ? Number(v) * 1000 : Date.parse(v);
-        if (!Number.isFinite(ms)) throw userError(`${field} '${v}' is not a time: give ISO 8601 or epoch seconds.`, field);
-        return ms;
-      };
-      const end = time(args.end, 'end', core.clock.now());
-      const start = time(args.start, 'start', end - 3_600_000);
-      const step = args.step_seconds ?? 60;
-      if (!(step >= 1) || !(end > start) || (end - start) / (step * 1000) > 10_000) throw userError('Give start < end and step_seconds >= 1, with at most 10000 steps between them.', 'step_seconds');
-      return core.inference.metrics(r, start, end, step * 1000);
-    }),
+    range_model_metrics: guard(
+      (args: { model_version_id: string; start?: string | null; end?: string | null; step_seconds?: number | null }, { principal }) => {
+        const r = core.modelDeployments.list(principal).find((d) => d.deployment_id === args.model_version_id);
+        if (!r)
+          throw userError(
+            `model_version_id '${args.model_version_id}' is not a model version of yours: it is the deployment_id of a deployed checkpoint.`,
+            'model_version_id',
+          );
+        const time = (v: string | null | undefined, field: string, fallback: number) => {
+          if (v === undefined || v === null) return fallback;
+          const ms = /^\d+(\.\d+)?$/.test(v) ? Number(v) * 1000 : Date.parse(v);
+          if (!Number.isFinite(ms)) throw userError(`${field} '${v}' is not a time: give ISO 8601 or epoch seconds.`, field);
+          return ms;
+        };
+        const end = time(args.end, 'end', core.clock.now());
+        const start = time(args.start, 'start', end - 3_600_000);
+        const step = args.step_seconds ?? 60;
+        if (!(step >= 1) || !(end > start) || (end - start) / (step * 1000) > 10_000)
+          throw userError('Give start < end and step_seconds >= 1, with at most 10000 steps between them.', 'step_seconds');
+        return core.inference.metrics(r, start, end, step * 1000);
+      },
+    ),
     create_model_version_from_inference_template: guard(({ request }: { request: TemplateRequest }, { principal }) => {
-      if (request.inference_stack.stack_type !== 'VLLM') throw userError(`inference_stack.stack_type '${request.inference_stack.stack_type}' is not served here: use VLLM.`, 'inference_stack.stack_type');
-      if (!INSTANCE_TYPES.some((t) => t.id === request.instance_type_id)) throw userError(`instance_type_id '${request.instance_type_id}' is not listed: listed_instances gives ${INSTANCE_TYPES.map((t) => t.id).join(', ')}.`, 'instance_type_id');
+      if (request.inference_stack.stack_type !== 'VLLM')
+        throw userError(`inference_stack.stack_type '${request.inference_stack.stack_type}' is not served here: use VLLM.`, 'inference_stack.stack_type');
+      if (!INSTANCE_TYPES.some((t) => t.id === request.instance_type_id))
+        throw userError(
+          `instance_type_id '${request.instance_type_id}' is not listed: listed_instances gives ${INSTANCE_TYPES.map((t) => t.id).join(', ')}.`,
+          'instance_type_id',
+        );
       const ids = request.weights_sources.map((w, i) => {
         const id = w.b10_loops_checkpoint_weights_source?.checkpoint.loops_checkpoint_id;
         if (w.weight_source_type !== 'B10_LOOPS_CHECKPOINTING' || !id) {
-          throw userError(`weights_sources[${i}] must be a B10_LOOPS_CHECKPOINTING source with b10_loops_checkpoint_weights_source.checkpoint.loops_checkpoint_id (got ${w.weight_source_type}): loops-mock deploys Loops checkpoints only.`, `weights_sources[${i}]`);
+          throw userError(
+            `weights_sources[${i}] must be a B10_LOOPS_CHECKPOINTING source with b10_loops_checkpoint_weights_source.checkpoint.loops_checkpoint_id (got ${w.weight_source_type}): loops-mock deploys Loops checkpoints only.`,
+            `weights_sources[${i}]`,
+          );
         }
         return id;
       });

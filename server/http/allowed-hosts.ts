@@ -63,8 +63,15 @@ export class HostCheck {
   /** The 403's message for a host that is not allowed. */
   refusal(host: string): string {
     const shown = host.replace(/[^a-z0-9.:_-]/g, '?').slice(0, 100);
-    const own = ['localhost', 'IP addresses', ...(this.names.proxy ? ["Baseten's and the Hub's hosts (proxy mode)"] : []), ...[...this.extra].map((n) => `'${n}'`)];
-    return `Host '${shown}' is not one of this server's names (it answers ${own.join(', ')}), so that a web page on another site cannot reach it through DNS rebinding. `
-      + `If you reach loops-mock by this name (--host 0.0.0.0 and the machine's name, a container's service name), start it with --allowed-host ${shown} (or LOOPS_MOCK_ALLOWED_HOST=${shown}).`;
+    const own = [
+      'localhost',
+      'IP addresses',
+      ...(this.names.proxy ? ["Baseten's and the Hub's hosts (proxy mode)"] : []),
+      ...[...this.extra].map((n) => `'${n}'`),
+    ];
+    return (
+      `Host '${shown}' is not one of this server's names (it answers ${own.join(', ')}), so that a web page on another site cannot reach it through DNS rebinding. ` +
+      `If you reach loops-mock by this name (--host 0.0.0.0 and the machine's name, a container's service name), start it with --allowed-host ${shown} (or LOOPS_MOCK_ALLOWED_HOST=${shown}).`
+    );
   }
 }

@@ -9,9 +9,11 @@ const keptBytes = new WeakMap<object, Buffer>();
  * the views already build exactly the schema's fields, and it resolves every `T | null` with a runtime
  * validation, which made list routes several times slower. The response schemas still document every route.
  */
-export const serializerCompiler = () => (data: unknown): string =>
-  // Fastify sends a serializer's Buffer as it is (its type says string only): bytes spare the UTF-8 encoding per send.
-  ((typeof data === 'object' && data !== null && keptBytes.get(data)) || JSON.stringify(data)) as string;
+export const serializerCompiler =
+  () =>
+  (data: unknown): string =>
+    // Fastify sends a serializer's Buffer as it is (its type says string only): bytes spare the UTF-8 encoding per send.
+    ((typeof data === 'object' && data !== null && keptBytes.get(data)) || JSON.stringify(data)) as string;
 
 /** What the kept answers may hold in all (their bytes, keys and entries) before they are dropped and built again. */
 const BUDGET_BYTES = 8 * 2 ** 20;

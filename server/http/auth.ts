@@ -19,7 +19,8 @@ export function apiKeyOf(request: FastifyRequest): string | undefined {
   const header = request.headers.authorization;
   if (header === undefined) return undefined;
   const m = AUTH.exec(header);
-  if (!m) throw new LoopsError('unauthorized', "Malformed Authorization header: send 'Authorization: Bearer <BASETEN_API_KEY>' (or the legacy 'Api-Key <key>').");
+  if (!m)
+    throw new LoopsError('unauthorized', "Malformed Authorization header: send 'Authorization: Bearer <BASETEN_API_KEY>' (or the legacy 'Api-Key <key>').");
   return m[2]!;
 }
 
@@ -65,7 +66,10 @@ export function sameToken(given: string, expected: string): boolean {
  * (token-attempts.ts), so the token cannot be guessed at the speed of the port.
  */
 export class AdminTokenGate {
-  constructor(private readonly token: string, private readonly attempts = new TokenAttempts()) {}
+  constructor(
+    private readonly token: string,
+    private readonly attempts = new TokenAttempts(),
+  ) {}
 
   /** Whether the request carries the token (header or cookie); a wrong one counts. Throws 429 while the address must wait. */
   admits(request: FastifyRequest): boolean {
@@ -78,7 +82,11 @@ export class AdminTokenGate {
     const address = request.ip || 'unknown';
     const wait = this.attempts.waitSeconds(address);
     if (wait > 0) {
-      throw new LoopsError('rate_limited', `Too many wrong admin tokens from ${address} (${this.attempts.limit} different ones within ${this.attempts.windowMs / 1000} s): try again in ${wait} s.`, { retry_after_s: wait });
+      throw new LoopsError(
+        'rate_limited',
+        `Too many wrong admin tokens from ${address} (${this.attempts.limit} different ones within ${this.attempts.windowMs / 1000} s): try again in ${wait} s.`,
+        { retry_after_s: wait },
+      );
     }
     if (sameToken(given, this.token)) return true;
     this.attempts.recordWrong(address, given);

@@ -73,7 +73,11 @@ function bodyProblem(value: unknown): { field: string; message: string } | null 
     const visit = (child: unknown, key: string | number) => {
       if (typeof child === 'number') return Number.isFinite(child) ? null : notFinite(pathOf(frame, key));
       if (child === null || typeof child !== 'object') return null;
-      if (frame.depth + 1 >= MAX_BODY_DEPTH) return { field: 'body', message: `The body nests deeper than ${MAX_BODY_DEPTH} levels (at ${pathOf(frame, key).slice(0, 120)}...): no Loops request does; send a flatter body.` };
+      if (frame.depth + 1 >= MAX_BODY_DEPTH)
+        return {
+          field: 'body',
+          message: `The body nests deeper than ${MAX_BODY_DEPTH} levels (at ${pathOf(frame, key).slice(0, 120)}...): no Loops request does; send a flatter body.`,
+        };
       stack.push({ value: child, parent: frame, key, depth: frame.depth + 1 });
       return null;
     };
@@ -127,17 +131,19 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
     // A missing Host is answered below in our error shape; Node's own 400 for it has neither shape nor version header.
     http: { connectionsCheckingInterval: CHECK_EVERY_MS, requireHostHeader: false },
     clientErrorHandler: answerClientError,
-    ...(front ? {
-      rewriteUrl: (req: IncomingMessage) => front.rewriteUrl(req),
-      serverFactory: (handler: (req: IncomingMessage, res: ServerResponse) => void) => {
-        const server = createServer({ connectionsCheckingInterval: CHECK_EVERY_MS, requireHostHeader: false }, (req, res) => {
-          if (!front.handle(req, res)) handler(req, res);
-        });
-        server.keepAliveTimeout = KEEP_ALIVE_TIMEOUT_MS;
-        front.attach(server);
-        return server;
-      },
-    } : {}),
+    ...(front
+      ? {
+          rewriteUrl: (req: IncomingMessage) => front.rewriteUrl(req),
+          serverFactory: (handler: (req: IncomingMessage, res: ServerResponse) => void) => {
+            const server = createServer({ connectionsCheckingInterval: CHECK_EVERY_MS, requireHostHeader: false }, (req, res) => {
+              if (!front.handle(req, res)) handler(req, res);
+            });
+            server.keepAliveTimeout = KEEP_ALIVE_TIMEOUT_MS;
+            front.attach(server);
+            return server;
+          },
+        }
+      : {}),
     bodyLimit: options.bodyLimit,
     // Answered by our own hook below, in our own error shape.
     return503OnClosing: false,
@@ -171,7 +177,13 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
     reply.header('x-loops-mock-version', VERSION);
     if (request.raw.httpVersion === '1.1' && request.headers.host === undefined) {
       reply.header('connection', 'close');
-      return sendError(reply, 400, 'invalid_request', "An HTTP/1.1 request needs a Host header (RFC 9112, section 3.2): send 'Host: <the server's host:port>'.", { field: 'headers.host' });
+      return sendError(
+        reply,
+        400,
+        'invalid_request',
+        "An HTTP/1.1 request needs a Host header (RFC 9112, section 3.2): send 'Host: <the server's host:port>'.",
+        { field: 'headers.host' },
+      );
     }
     const host = addressedHost(request.raw);
     if (!hosts.allows(host)) return sendError(reply, 403, 'forbidden', hosts.refusal(host!), { field: 'headers.host', flag: '--allowed-host' });
@@ -182,7 +194,11 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
   });
 
   // Bodies held at once are bounded (a reset replaces the settings: read them through the core each time).
-  installBodyBudget(app, { get bodyBytesInFlight() { return core.settings.bodyBytesInFlight; } });
+  installBodyBudget(app, {
+    get bodyBytesInFlight() {
+      return core.settings.bodyBytesInFlight;
+    },
+  });
 
   // JSON bodies; an empty body counts as no body (POST /sessions is sent with none).
   app.removeContentTypeParser('application/json');
@@ -207,9 +223,13 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
   core.onLifecycle((line) => (line.level === 'INFO' ? log.info(line.message) : log.warn(line.message)));
   core.onStorageNotice((level, message) => (level === 'info' ? log.info(message) : log.warn(message)));
   // Engines may outlive this app (shared by a test suite's servers): stop listening when it closes.
-  const unlisten = core.engines.onGraphBuild((e) => log.info(e.phase === 'start'
-    ? `${e.model}: building the '${e.kind}' graph${e.mixed ? ' for rows of several runs' : ''} (first use; a moment)`
-    : `${e.model}: '${e.kind}' graph${e.mixed ? ' for rows of several runs' : ''} ready (${((e.ms ?? 0) / 1000).toFixed(1)} s with its first run)`));
+  const unlisten = core.engines.onGraphBuild((e) =>
+    log.info(
+      e.phase === 'start'
+        ? `${e.model}: building the '${e.kind}' graph${e.mixed ? ' for rows of several runs' : ''} (first use; a moment)`
+        : `${e.model}: '${e.kind}' graph${e.mixed ? ' for rows of several runs' : ''} ready (${((e.ms ?? 0) / 1000).toFixed(1)} s with its first run)`,
+    ),
+  );
   // Shutdown and reset end the server's log lines with the server, not in the middle of a test's output.
   app.addHook('onClose', async () => {
     unlisten();
@@ -219,7 +239,9 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
   installJournal(app, core, front ? (req) => front.foreignHostOf(req) : undefined);
   installFaults(app, core);
   const routes: RouteOptions[] = [];
-  app.addHook('onRoute', (route) => { routes.push(route as RouteOptions); });
+  app.addHook('onRoute', (route) => {
+    routes.push(route as RouteOptions);
+  });
   // A route that takes no body refuses one rather than ignore it (an empty body, or {}, is no body).
   // Hooks run for the not-found handler too: an unknown route is a 404 whatever its body.
   app.addHook('preValidation', async (request) => {
@@ -228,7 +250,11 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
     const body = request.body;
     if (takesBody || body === undefined || body === null) return;
     if (typeof body === 'object' && !Array.isArray(body) && Object.keys(body).length === 0) return;
-    throw new LoopsError('invalid_request', `${request.method} ${request.routeOptions.url ?? request.url} takes no body; send none (got ${Array.isArray(body) ? 'an array' : typeof body === 'object' ? `fields ${Object.keys(body).slice(0, 5).join(', ')}` : typeof body}).`, { field: 'body' });
+    throw new LoopsError(
+      'invalid_request',
+      `${request.method} ${request.routeOptions.url ?? request.url} takes no body; send none (got ${Array.isArray(body) ? 'an array' : typeof body === 'object' ? `fields ${Object.keys(body).slice(0, 5).join(', ')}` : typeof body}).`,
+      { field: 'body' },
+    );
   });
   installNotFoundHandler(app, routes);
   return { app, routes };

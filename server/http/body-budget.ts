@@ -19,7 +19,11 @@ export function installBodyBudget(app: FastifyInstance, settings: Pick<Settings,
   const take = (request: FastifyRequest, bytes: number) => {
     const limit = settings.bodyBytesInFlight;
     if (held > 0 && held + bytes > limit) {
-      throw new LoopsError('unavailable', `The server is holding ${held} bytes of other requests' bodies; with this one's ${bytes} that would pass its limit of ${limit} bytes held at once (--body-bytes-in-flight). Retry shortly, or send smaller bodies.`, { retry_after_s: 1, limit: 'body_bytes_in_flight', limit_value: limit });
+      throw new LoopsError(
+        'unavailable',
+        `The server is holding ${held} bytes of other requests' bodies; with this one's ${bytes} that would pass its limit of ${limit} bytes held at once (--body-bytes-in-flight). Retry shortly, or send smaller bodies.`,
+        { retry_after_s: 1, limit: 'body_bytes_in_flight', limit_value: limit },
+      );
     }
     held += bytes;
     holding.set(request, (holding.get(request) ?? 0) + bytes);

@@ -42,11 +42,17 @@ export function crossSiteRefusal(request: FastifyRequest): { message: string; fi
   const site = request.headers['sec-fetch-site'];
   // A browser that sends Sec-Fetch-Site says where the request comes from; a reverse proxy that rewrites Host leaves it true.
   if (site !== undefined && site !== 'same-origin' && site !== 'none') {
-    return { field: 'headers.sec-fetch-site', message: `The admin API refuses a ${request.method} a browser sent from another origin (Sec-Fetch-Site: ${String(site).slice(0, 40)}): a web page must not reset or reconfigure loops-mock. Use the dashboard on this server's own address, or a client outside the browser.` };
+    return {
+      field: 'headers.sec-fetch-site',
+      message: `The admin API refuses a ${request.method} a browser sent from another origin (Sec-Fetch-Site: ${String(site).slice(0, 40)}): a web page must not reset or reconfigure loops-mock. Use the dashboard on this server's own address, or a client outside the browser.`,
+    };
   }
   const origin = request.headers.origin;
   if (site === undefined && origin !== undefined && !sameOrigin(origin, request.headers.host)) {
-    return { field: 'headers.origin', message: `The admin API refuses a ${request.method} from the page at ${origin.slice(0, 100)} (Origin is not this server's): a web page of another site must not reset or reconfigure loops-mock.` };
+    return {
+      field: 'headers.origin',
+      message: `The admin API refuses a ${request.method} from the page at ${origin.slice(0, 100)} (Origin is not this server's): a web page of another site must not reset or reconfigure loops-mock.`,
+    };
   }
   const marked = request.headers[ADMIN_REQUEST_HEADER];
   if (typeof marked === 'string' && marked !== '') return undefined;

@@ -17,7 +17,10 @@ export const STATUS_OF: Record<ErrorKind, number> = {
 };
 
 export function sendError(reply: FastifyReply, status: number, type: string, message: string, details: Record<string, unknown> = {}): FastifyReply {
-  return reply.code(status).type('application/json').send({ error: { type, message, ...details } });
+  return reply
+    .code(status)
+    .type('application/json')
+    .send({ error: { type, message, ...details } });
 }
 
 /**
@@ -38,9 +41,16 @@ export function installErrorHandler(app: FastifyInstance, bodyLimit: number): vo
     }
     switch (err.code) {
       case 'FST_ERR_CTP_BODY_TOO_LARGE':
-        return sendError(reply, 413, 'payload_too_large', `The request body is larger than this server's limit of ${bodyLimit} bytes (--body-limit).`, { limit_bytes: bodyLimit });
+        return sendError(reply, 413, 'payload_too_large', `The request body is larger than this server's limit of ${bodyLimit} bytes (--body-limit).`, {
+          limit_bytes: bodyLimit,
+        });
       case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
-        return sendError(reply, 415, 'unsupported_media_type', `Send the body as JSON with Content-Type: application/json (got ${JSON.stringify(request.headers['content-type'] ?? '')}).`);
+        return sendError(
+          reply,
+          415,
+          'unsupported_media_type',
+          `Send the body as JSON with Content-Type: application/json (got ${JSON.stringify(request.headers['content-type'] ?? '')}).`,
+        );
       case 'FST_ERR_CTP_INVALID_CONTENT_LENGTH':
         return sendError(reply, 400, 'invalid_request', 'The Content-Length header does not match the body.');
     }
@@ -55,16 +65,27 @@ export function installErrorHandler(app: FastifyInstance, bodyLimit: number): vo
 /** Unknown routes: 404 naming the nearest route the server knows. */
 export function installNotFoundHandler(app: FastifyInstance, routeOptions: RouteOptions[]): void {
   app.setNotFoundHandler((request, reply) => {
-    const routes = routeOptions.flatMap((r) => (Array.isArray(r.method) ? r.method : [r.method]).filter((m) => m !== 'HEAD').map((method) => ({ method, url: r.url })));
+    const routes = routeOptions.flatMap((r) =>
+      (Array.isArray(r.method) ? r.method : [r.method]).filter((m) => m !== 'HEAD').map((method) => ({ method, url: r.url })),
+    );
     const path = request.url.split('?')[0]!;
     let best: { method: string; url: string } | undefined;
     let bestScore = Infinity;
     for (const r of routes) {
       const score = distance(path, r.url) + (r.method === request.method ? 0 : 1);
-      if (score < bestScore) { best = r; bestScore = score; }
+      if (score < bestScore) {
+        best = r;
+        bestScore = score;
+      }
     }
     const nearest = best ? `${best.method} ${best.url.replace(/:(\w+)/g, '{$1}')}` : undefined;
-    return sendError(reply, 404, 'route_not_found', `No route ${request.method} ${path}.${nearest ? ` Nearest known route: ${nearest}.` : ''} GET /openapi.json lists every route.`, nearest ? { nearest_route: nearest } : {});
+    return sendError(
+      reply,
+      404,
+      'route_not_found',
+      `No route ${request.method} ${path}.${nearest ? ` Nearest known route: ${nearest}.` : ''} GET /openapi.json lists every route.`,
+      nearest ? { nearest_route: nearest } : {},
+    );
   });
 }
 
@@ -73,7 +94,7 @@ function distance(path: string, route: string): number {
   const given = path.split('/');
   const parts = route.split('/');
   const wildcard = parts[parts.length - 1] === '*' ? given.slice(parts.length - 1).join('/').length : 0;
-  const filled = parts.map((seg, i) => (seg.startsWith(':') || seg === '*') && given[i] !== undefined ? given[i] : seg).join('/');
+  const filled = parts.map((seg, i) => ((seg.startsWith(':') || seg === '*') && given[i] !== undefined ? given[i] : seg)).join('/');
   return levenshtein(path, wildcard ? `${filled}${path.slice(filled.length)}` : filled) + wildcard;
 }
 

@@ -24,7 +24,13 @@ export function exposureWarnings(o: Exposure): string[] {
   if (isLoopback(o.host)) return [];
   const where = `--host ${o.host} listens where other machines reach it`;
   const warnings: string[] = [];
-  if (o.proxy) warnings.push(`${where}, and --proxy makes the port a forward proxy for all of them (Baseten's and the Hub's names answered here, the --proxy-passthrough hosts tunnelled): listen on 127.0.0.1 unless other machines must use the proxy, and then only on a network you trust`);
-  if (o.admin && o.adminToken === undefined) warnings.push(`${where}, and --admin without --admin-token lets any of them reset the server, change its faults and read its journal: add --admin-token TOKEN`);
+  if (o.proxy)
+    warnings.push(
+      `${where}, and --proxy makes the port a forward proxy for all of them (Baseten's and the Hub's names answered here, the --proxy-passthrough hosts tunnelled): listen on 127.0.0.1 unless other machines must use the proxy, and then only on a network you trust`,
+    );
+  if (o.admin && o.adminToken === undefined)
+    warnings.push(
+      `${where}, and --admin without --admin-token lets any of them reset the server, change its faults and read its journal: add --admin-token TOKEN`,
+    );
   return warnings;
 }

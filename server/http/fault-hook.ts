@@ -8,8 +8,17 @@ const POLL_ROUTE = '/trainer/{run_id}/operations/{operation_id}';
 
 /** The error type a fault's status answers with unless the rule names one: what the real service would send. */
 const DEFAULT_ERROR_TYPE: Record<number, string> = {
-  400: 'invalid_request', 401: 'unauthorized', 403: 'forbidden', 404: 'not_found', 408: 'operation_pending', 409: 'conflict',
-  429: 'rate_limited', 500: 'internal_error', 502: 'bad_gateway', 503: 'unavailable', 504: 'gateway_timeout',
+  400: 'invalid_request',
+  401: 'unauthorized',
+  403: 'forbidden',
+  404: 'not_found',
+  408: 'operation_pending',
+  409: 'conflict',
+  429: 'rate_limited',
+  500: 'internal_error',
+  502: 'bad_gateway',
+  503: 'unavailable',
+  504: 'gateway_timeout',
 };
 
 function factsOf(core: LoopsCore, request: FastifyRequest): RequestFacts {
@@ -72,7 +81,10 @@ export function installFaults(app: FastifyInstance, core: LoopsCore): void {
           return reply.code(action.status).type('application/json').send(body);
         }
         const type = action.error_type ?? DEFAULT_ERROR_TYPE[action.status] ?? (action.status >= 500 ? 'internal_error' : 'invalid_request');
-        return sendError(reply, action.status, type, action.message ?? `Injected by loops-mock fault rule ${decided.id}.`, { fault_id: decided.id, ...(action.retry_after_s !== undefined ? { retry_after_s: action.retry_after_s } : {}) });
+        return sendError(reply, action.status, type, action.message ?? `Injected by loops-mock fault rule ${decided.id}.`, {
+          fault_id: decided.id,
+          ...(action.retry_after_s !== undefined ? { retry_after_s: action.retry_after_s } : {}),
+        });
       }
       case 'delay':
         await abortableSleep(action.ms, core.stopSignal);

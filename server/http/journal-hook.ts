@@ -36,7 +36,8 @@ export function surfaceOf(url: string): Surface {
 const JOURNAL_ROUTE = '/_mock/journal';
 
 // The browser's icon request belongs with the page that caused it.
-const isDashboard = (url: string) => url === '/favicon.ico' || url === '/_mock/ui' || url.startsWith('/_mock/ui/') || url.startsWith('/_mock/ui?') || url.startsWith('/_mock/dashboard/');
+const isDashboard = (url: string) =>
+  url === '/favicon.ico' || url === '/_mock/ui' || url.startsWith('/_mock/ui/') || url.startsWith('/_mock/ui?') || url.startsWith('/_mock/dashboard/');
 
 function decodedPath(url: string): string {
   const path = url.split('?')[0]!;
@@ -152,7 +153,11 @@ export function installJournal(app: FastifyInstance, core: LoopsCore, foreignHos
       if (answered && Object.keys(response).length) entry.response = response;
       // Never the journal's own answers: each read would hold every entry before it (the journal grew ~3x a read).
       if (answered && trace.responseBody !== undefined && core.journal.detail === 'full' && route !== JOURNAL_ROUTE) entry.response_body = trace.responseBody;
-      if (trace.fault) entry.fault = { id: trace.fault.id, action: dropped && trace.fault.action.type === 'drop' && trace.fault.action.phase === 'after' ? 'drop_after' : trace.fault.action.type };
+      if (trace.fault)
+        entry.fault = {
+          id: trace.fault.id,
+          action: dropped && trace.fault.action.type === 'drop' && trace.fault.action.phase === 'after' ? 'drop_after' : trace.fault.action.type,
+        };
       core.journal.record(entry);
     });
   });

@@ -12,20 +12,39 @@ interface RouteSchema {
 }
 
 /** The error body every route answers with on failure (http/errors.ts sends it). */
-const ErrorResponse = Type.Object({
-  error: Type.Object({
-    type: Type.String(),
-    message: Type.String(),
-  }, { additionalProperties: true }),
-}, { title: 'Error' });
+const ErrorResponse = Type.Object(
+  {
+    error: Type.Object(
+      {
+        type: Type.String(),
+        message: Type.String(),
+      },
+      { additionalProperties: true },
+    ),
+  },
+  { title: 'Error' },
+);
 
-const RETRY_AFTER = { description: 'Seconds to wait before retrying: on 408 (a version floor not reached), 429 and 503 (starting, waking, injected)', schema: { type: 'integer', minimum: 0 } };
-const ERROR_REPLY = { description: 'Error: {"error": {"type", "message", ...details}}', headers: { 'Retry-After': RETRY_AFTER }, content: { 'application/json': { schema: ErrorResponse } } };
+const RETRY_AFTER = {
+  description: 'Seconds to wait before retrying: on 408 (a version floor not reached), 429 and 503 (starting, waking, injected)',
+  schema: { type: 'integer', minimum: 0 },
+};
+const ERROR_REPLY = {
+  description: 'Error: {"error": {"type", "message", ...details}}',
+  headers: { 'Retry-After': RETRY_AFTER },
+  content: { 'application/json': { schema: ErrorResponse } },
+};
 
 /** The request headers the protocol gives meaning to, and where. */
 const HEADER_PARAMS: Record<string, { description: string; schema: object }> = {
-  'Idempotency-Key': { description: 'A resubmission with the same key (and body) returns the same operation instead of running it again', schema: { type: 'string' } },
-  'X-Min-Policy-Version': { description: 'Serve only from a replica whose live policy version is at least this; 408 with Retry-After while none is', schema: { type: 'string', pattern: '^\\d+$' } },
+  'Idempotency-Key': {
+    description: 'A resubmission with the same key (and body) returns the same operation instead of running it again',
+    schema: { type: 'string' },
+  },
+  'X-Min-Policy-Version': {
+    description: 'Serve only from a replica whose live policy version is at least this; 408 with Retry-After while none is',
+    schema: { type: 'string', pattern: '^\\d+$' },
+  },
   'X-Affinity-Key': { description: 'Requests sharing a key are served by one replica', schema: { type: 'string' } },
 };
 const HEADERS_BY_ROUTE: [method: string, route: RegExp, headers: string[]][] = [
@@ -35,8 +54,20 @@ const HEADERS_BY_ROUTE: [method: string, route: RegExp, headers: string[]][] = [
 
 /** A stable operationId from the method and the path: GET /v1/loops/runs/{run_id} is getV1LoopsRunsByRunId. */
 function operationId(method: string, path: string): string {
-  const camel = (s: string) => s.split(/[^A-Za-z0-9]+/).filter(Boolean).map((w) => w[0]!.toUpperCase() + w.slice(1)).join('');
-  return method.toLowerCase() + path.split('/').filter(Boolean).map((seg) => (seg.startsWith('{') ? `By${camel(seg.slice(1, -1))}` : camel(seg))).join('');
+  const camel = (s: string) =>
+    s
+      .split(/[^A-Za-z0-9]+/)
+      .filter(Boolean)
+      .map((w) => w[0]!.toUpperCase() + w.slice(1))
+      .join('');
+  return (
+    method.toLowerCase() +
+    path
+      .split('/')
+      .filter(Boolean)
+      .map((seg) => (seg.startsWith('{') ? `By${camel(seg.slice(1, -1))}` : camel(seg)))
+      .join('')
+  );
 }
 
 /** The OpenAPI 3.1 document of every route registered with a schema, generated from the same TypeBox schemas that validate requests. */
@@ -50,8 +81,18 @@ export function buildOpenApi(routes: RouteOptions[], version: string, serverUrl:
     for (const method of methods) {
       const headers = HEADERS_BY_ROUTE.filter(([m, re]) => m === method && re.test(path)).flatMap(([, , names]) => names);
       const parameters = [
-        ...Object.entries(schema.params?.properties ?? {}).map(([name, s]) => ({ name: name === '*' ? 'file_path' : name, in: 'path', required: true, schema: s })),
-        ...Object.entries(schema.querystring?.properties ?? {}).map(([name, s]) => ({ name, in: 'query', required: schema.querystring?.required?.includes(name) ?? false, schema: s })),
+        ...Object.entries(schema.params?.properties ?? {}).map(([name, s]) => ({
+          name: name === '*' ? 'file_path' : name,
+          in: 'path',
+          required: true,
+          schema: s,
+        })),
+        ...Object.entries(schema.querystring?.properties ?? {}).map(([name, s]) => ({
+          name,
+          in: 'query',
+          required: schema.querystring?.required?.includes(name) ?? false,
+          schema: s,
+        })),
         ...headers.map((name) => ({ name, in: 'header', required: false, ...HEADER_PARAMS[name] })),
       ];
       const responses: Record<string, object> = {};
@@ -80,7 +121,11 @@ export function buildOpenApi(routes: RouteOptions[], version: string, serverUrl:
       description: "A local, offline stand-in for Baseten's Loops API. Control-plane schemas follow Baseten's published management API.",
     },
     servers: [{ url: serverUrl }],
-    components: { securitySchemes: { BearerAuth: { type: 'http', scheme: 'bearer', description: 'Authorization: Bearer <key>; the legacy Authorization: Api-Key <key> works too.' } } },
+    components: {
+      securitySchemes: {
+        BearerAuth: { type: 'http', scheme: 'bearer', description: 'Authorization: Bearer <key>; the legacy Authorization: Api-Key <key> works too.' },
+      },
+    },
     security: [{ BearerAuth: [] }],
     paths,
   };

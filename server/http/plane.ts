@@ -19,13 +19,21 @@ export interface PlaneTarget<T> {
  */
 export function resolvePlane(core: LoopsCore, kind: 'trainer', request: FastifyRequest, reply: FastifyReply, id: string): PlaneTarget<RunRecord>;
 export function resolvePlane(core: LoopsCore, kind: 'sampler', request: FastifyRequest, reply: FastifyReply, id: string): PlaneTarget<SamplerRecord>;
-export function resolvePlane(core: LoopsCore, kind: PlaneKind, request: FastifyRequest, reply: FastifyReply, id: string): PlaneTarget<RunRecord | SamplerRecord> {
+export function resolvePlane(
+  core: LoopsCore,
+  kind: PlaneKind,
+  request: FastifyRequest,
+  reply: FastifyReply,
+  id: string,
+): PlaneTarget<RunRecord | SamplerRecord> {
   const started = performance.now();
   const record = kind === 'trainer' ? core.fleet.findRun(id) : core.fleet.findSampler(id);
   const key = apiKeyOf(request);
-  if (key === undefined && core.accounts.enforced) throw new LoopsError('unauthorized', "Missing Authorization header: this server enforces API keys; send 'Authorization: Bearer <key>'.");
+  if (key === undefined && core.accounts.enforced)
+    throw new LoopsError('unauthorized', "Missing Authorization header: this server enforces API keys; send 'Authorization: Bearer <key>'.");
   const caller = key === undefined ? undefined : core.accounts.authenticate(key);
-  if (!record || (caller && caller.org_id !== record.org_id)) throw notFound(`No ${kind} '${id}' on this server. Its URL comes from the ${kind === 'trainer' ? 'run' : 'sampler'}'s base_url.`);
+  if (!record || (caller && caller.org_id !== record.org_id))
+    throw notFound(`No ${kind} '${id}' on this server. Its URL comes from the ${kind === 'trainer' ? 'run' : 'sampler'}'s base_url.`);
   const deploymentId = kind === 'trainer' ? (record as RunRecord).deployment_id : core.fleet.deploymentOfSampler(id);
   const done = core.traffic.begin(deploymentId);
   const path = request.url.split('?')[0]!.split('/').slice(3).join('/');

@@ -33,9 +33,13 @@ function prettyStream(out: NodeJS.WritableStream): Writable {
         }
         const { time, level, msg, err, ...rest } = record;
         const clock = new Date(Number(time)).toISOString().slice(11, 23);
-        const extras = Object.entries(rest).filter(([k]) => k !== 'reqId' && k !== 'req' && k !== 'res').map(([k, v]) => `${k}=${typeof v === 'string' ? v : JSON.stringify(v)}`);
+        const extras = Object.entries(rest)
+          .filter(([k]) => k !== 'reqId' && k !== 'req' && k !== 'res')
+          .map(([k, v]) => `${k}=${typeof v === 'string' ? v : JSON.stringify(v)}`);
         const stack = err && typeof err === 'object' ? `\n${String((err as { stack?: string }).stack ?? (err as { message?: string }).message)}` : '';
-        out.write(`${clock} ${(LEVEL_NAMES[Number(level)] ?? String(level)).padEnd(5)} ${String(msg ?? '')}${extras.length ? `  ${extras.join(' ')}` : ''}${stack}\n`);
+        out.write(
+          `${clock} ${(LEVEL_NAMES[Number(level)] ?? String(level)).padEnd(5)} ${String(msg ?? '')}${extras.length ? `  ${extras.join(' ')}` : ''}${stack}\n`,
+        );
       }
       done();
     },
@@ -50,7 +54,11 @@ function prettyStream(out: NodeJS.WritableStream): Writable {
 export function logRequest(log: Logger, e: JournalEntry): void {
   const sent = e.host ? ` (${e.host})` : '';
   const head = `${e.method} ${e.path}${sent} ${e.status === 0 ? 'dropped' : e.status} ${e.latency_ms.toFixed(1)} ms`;
-  const why = e.response?.error_type ? ` ${e.response.error_type}${e.response.error_message ? `: ${e.response.error_message}` : ''}` : e.proxy?.error ? ` ${e.proxy.error}` : '';
+  const why = e.response?.error_type
+    ? ` ${e.response.error_type}${e.response.error_message ? `: ${e.response.error_message}` : ''}`
+    : e.proxy?.error
+      ? ` ${e.proxy.error}`
+      : '';
   const line = `${head}${why}`;
   if (e.status >= 500) log.error(line);
   else log.info(line);

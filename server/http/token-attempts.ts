@@ -18,7 +18,11 @@ const MAX_ADDRESSES = 10_000;
 export class TokenAttempts {
   private readonly wrong = new Map<string, Map<string, number>>();
 
-  constructor(private readonly now: () => number = () => performance.now(), readonly limit = WRONG_TOKENS_PER_WINDOW, readonly windowMs = ATTEMPT_WINDOW_MS) {}
+  constructor(
+    private readonly now: () => number = () => performance.now(),
+    readonly limit = WRONG_TOKENS_PER_WINDOW,
+    readonly windowMs = ATTEMPT_WINDOW_MS,
+  ) {}
 
   /** Seconds until `address` may try a token again; 0 when it may now. */
   waitSeconds(address: string): number {

@@ -82,7 +82,15 @@ export function describeValidationErrors(errors: ErrorObject[], context: string)
   const at = fieldPath(part, first.instancePath);
   const got = describeValue(first.data);
   if (samePlace.length > 1 && samePlace.every((e) => e.keyword === 'type' || e.keyword === 'const' || e.keyword === 'enum')) {
-    const expected = samePlace.map((e) => (e.keyword === 'type' ? String(e.params.type) : e.keyword === 'const' ? JSON.stringify(e.params.allowedValue) : (e.params.allowedValues as unknown[]).map((v) => JSON.stringify(v)).join(', '))).join(' or ');
+    const expected = samePlace
+      .map((e) =>
+        e.keyword === 'type'
+          ? String(e.params.type)
+          : e.keyword === 'const'
+            ? JSON.stringify(e.params.allowedValue)
+            : (e.params.allowedValues as unknown[]).map((v) => JSON.stringify(v)).join(', '),
+      )
+      .join(' or ');
     // A wrong type in one branch matters more than the null branch; name the non-null constraint if the type was right.
     const nonType = samePlace.find((e) => e.keyword !== 'type');
     if (!nonType) return { field: at, expected, message: `${at} must be ${expected} (got ${got}).` };
@@ -104,16 +112,21 @@ export function describeValidationErrors(errors: ErrorObject[], context: string)
       const allowed = (first.params.allowedValues as unknown[]).map((v) => JSON.stringify(v)).join(', ');
       return { field: at, expected: `one of ${allowed}`, message: `${at} must be one of ${allowed} (got ${got}).` };
     }
-    case 'minimum': case 'maximum': case 'exclusiveMinimum': case 'exclusiveMaximum': {
+    case 'minimum':
+    case 'maximum':
+    case 'exclusiveMinimum':
+    case 'exclusiveMaximum': {
       const op = { minimum: '>=', maximum: '<=', exclusiveMinimum: '>', exclusiveMaximum: '<' }[first.keyword];
       const expected = `${op} ${String(first.params.limit)}`;
       return { field: at, expected, message: `${at} must be ${expected} (got ${got}).` };
     }
-    case 'minLength': case 'maxLength': {
+    case 'minLength':
+    case 'maxLength': {
       const expected = `${first.keyword === 'minLength' ? 'at least' : 'at most'} ${String(first.params.limit)} characters`;
       return { field: at, expected, message: `${at} must be ${expected} (got ${got}).` };
     }
-    case 'minItems': case 'maxItems': {
+    case 'minItems':
+    case 'maxItems': {
       const expected = `${first.keyword === 'minItems' ? 'at least' : 'at most'} ${String(first.params.limit)} item${first.params.limit === 1 ? '' : 's'}`;
       return { field: at, expected, message: `${at} must have ${expected} (got ${Array.isArray(first.data) ? first.data.length : got}).` };
     }
@@ -125,7 +138,10 @@ export function describeValidationErrors(errors: ErrorObject[], context: string)
 }
 
 function fieldPath(part: string, instancePath: string): string {
-  const segments = instancePath.split('/').filter(Boolean).map((s) => s.replace(/~1/g, '/').replace(/~0/g, '~'));
+  const segments = instancePath
+    .split('/')
+    .filter(Boolean)
+    .map((s) => s.replace(/~1/g, '/').replace(/~0/g, '~'));
   return [part, ...segments].reduce((acc, s) => (/^\d+$/.test(s) ? `${acc}[${s}]` : `${acc}.${s}`));
 }
 

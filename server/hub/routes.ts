@@ -25,53 +25,90 @@ export function hubRoutes(appIn: FastifyInstance, core: LoopsCore): void {
   const tags = ['hub'];
   const repoId = (p: { org: string; name: string }) => `${p.org}/${p.name}`;
 
-  app.get('/hf/api/models/:org/:name', {
-    schema: { tags, summary: 'Hub model info at main: sha and siblings', params: RepoParams },
-  }, (req, reply) => answer(reply, () => modelInfo(core.hub.repo(repoId(req.params)))));
+  app.get(
+    '/hf/api/models/:org/:name',
+    {
+      schema: { tags, summary: 'Hub model info at main: sha and siblings', params: RepoParams },
+    },
+    (req, reply) => answer(reply, () => modelInfo(core.hub.repo(repoId(req.params)))),
+  );
 
-  app.get('/hf/api/models/:org/:name/revision/:revision', {
-    schema: { tags, summary: 'Hub model info at a revision (main or its commit sha)', params: RevisionParams },
-  }, (req, reply) => answer(reply, () => modelInfo(core.hub.at(repoId(req.params), req.params.revision))));
+  app.get(
+    '/hf/api/models/:org/:name/revision/:revision',
+    {
+      schema: { tags, summary: 'Hub model info at a revision (main or its commit sha)', params: RevisionParams },
+    },
+    (req, reply) => answer(reply, () => modelInfo(core.hub.at(repoId(req.params), req.params.revision))),
+  );
 
-  const tree = (req: FastifyRequest<{ Params: { org: string; name: string; revision: string; '*'?: string } }>, reply: FastifyReply) => answer(reply, () => {
-    const repo = core.hub.at(repoId(req.params), req.params.revision);
-    const folder = (req.params['*'] ?? '').replace(/\/+$/, '');
-    // The mirror's repos are flat: the root lists every file, any folder is absent.
-    if (folder) throw new LoopsError('not_found', `${repo.id} has no folder '${folder}' at ${req.params.revision}.`, { hub_error: 'EntryNotFound', hub_commit: repo.sha });
-    return repo.files.map((f) => ({ type: 'file', oid: f.blobId, size: f.size, path: f.name, ...(f.lfsSha256 ? { lfs: { oid: f.lfsSha256, size: f.size, pointerSize: lfsPointerSize(f) } } : {}) }));
-  });
-  app.get('/hf/api/models/:org/:name/tree/:revision', { schema: { tags, summary: 'Hub file tree of a revision', params: RevisionParams, querystring: TreeQuery } }, tree);
-  app.get('/hf/api/models/:org/:name/tree/:revision/*', { schema: { tags, summary: 'Hub file tree of a folder (the mirror has none)', params: FileParams, querystring: TreeQuery } }, tree);
+  const tree = (req: FastifyRequest<{ Params: { org: string; name: string; revision: string; '*'?: string } }>, reply: FastifyReply) =>
+    answer(reply, () => {
+      const repo = core.hub.at(repoId(req.params), req.params.revision);
+      const folder = (req.params['*'] ?? '').replace(/\/+$/, '');
+      // The mirror's repos are flat: the root lists every file, any folder is absent.
+      if (folder)
+        throw new LoopsError('not_found', `${repo.id} has no folder '${folder}' at ${req.params.revision}.`, {
+          hub_error: 'EntryNotFound',
+          hub_commit: repo.sha,
+        });
+      return repo.files.map((f) => ({
+        type: 'file',
+        oid: f.blobId,
+        size: f.size,
+        path: f.name,
+        ...(f.lfsSha256 ? { lfs: { oid: f.lfsSha256, size: f.size, pointerSize: lfsPointerSize(f) } } : {}),
+      }));
+    });
+  app.get(
+    '/hf/api/models/:org/:name/tree/:revision',
+    { schema: { tags, summary: 'Hub file tree of a revision', params: RevisionParams, querystring: TreeQuery } },
+    tree,
+  );
+  app.get(
+    '/hf/api/models/:org/:name/tree/:revision/*',
+    { schema: { tags, summary: 'Hub file tree of a folder (the mirror has none)', params: FileParams, querystring: TreeQuery } },
+    tree,
+  );
 
-  app.get('/hf/:org/:name/resolve/:revision/*', {
-    schema: { tags, summary: 'A file of a Hub repo (HEAD for its metadata; Range supported)', params: FileParams },
-  }, (req, reply) => {
-    let found: { repo: HubRepo; file: HubFile };
-    try {
-      found = core.hub.file(repoId(req.params), req.params.revision, req.params['*']);
-    } catch (err) {
-      return hubError(reply, err);
-    }
-    const { repo, file } = found;
-    reply.header('x-repo-commit', repo.sha);
-    // A file the Hub keeps in LFS is named by its SHA-256 (what huggingface_hub checks a local copy against); others by their git blob id.
-    reply.header('etag', `"${file.lfsSha256 ?? file.blobId}"`);
-    if (file.lfsSha256) reply.header('x-linked-etag', `"${file.lfsSha256}"`).header('x-linked-size', String(file.size));
-    reply.header('accept-ranges', 'bytes');
-    reply.header('content-type', file.name.endsWith('.json') ? 'application/json' : 'application/octet-stream');
-    reply.header('content-disposition', `inline; filename="${file.name}"`);
-    const range = req.headers.range;
-    const span = range === undefined ? { start: 0, end: file.size - 1 } : parseRange(range, file.size);
-    if (!span) {
-      reply.header('content-range', `bytes */${file.size}`);
-      return sendError(reply, 416, 'range_not_satisfiable', `Range '${range}' does not fit ${file.name} (${file.size} bytes): send bytes=START-[END] within it.`, { field: 'Range' });
-    }
-    if (range !== undefined) reply.code(206).header('content-range', `bytes ${span.start}-${span.end}/${file.size}`);
-    // HEAD answers from the listing: an evicted repo's weights are not made again just to be measured.
-    if (req.method === 'HEAD') return reply.header('content-length', String(span.end - span.start + 1)).send(Readable.from([]));
-    const content = core.hub.content(repo, file);
-    return reply.send(range === undefined ? content : content.subarray(span.start, span.end + 1));
-  });
+  app.get(
+    '/hf/:org/:name/resolve/:revision/*',
+    {
+      schema: { tags, summary: 'A file of a Hub repo (HEAD for its metadata; Range supported)', params: FileParams },
+    },
+    (req, reply) => {
+      let found: { repo: HubRepo; file: HubFile };
+      try {
+        found = core.hub.file(repoId(req.params), req.params.revision, req.params['*']);
+      } catch (err) {
+        return hubError(reply, err);
+      }
+      const { repo, file } = found;
+      reply.header('x-repo-commit', repo.sha);
+      // A file the Hub keeps in LFS is named by its SHA-256 (what huggingface_hub checks a local copy against); others by their git blob id.
+      reply.header('etag', `"${file.lfsSha256 ?? file.blobId}"`);
+      if (file.lfsSha256) reply.header('x-linked-etag', `"${file.lfsSha256}"`).header('x-linked-size', String(file.size));
+      reply.header('accept-ranges', 'bytes');
+      reply.header('content-type', file.name.endsWith('.json') ? 'application/json' : 'application/octet-stream');
+      reply.header('content-disposition', `inline; filename="${file.name}"`);
+      const range = req.headers.range;
+      const span = range === undefined ? { start: 0, end: file.size - 1 } : parseRange(range, file.size);
+      if (!span) {
+        reply.header('content-range', `bytes */${file.size}`);
+        return sendError(
+          reply,
+          416,
+          'range_not_satisfiable',
+          `Range '${range}' does not fit ${file.name} (${file.size} bytes): send bytes=START-[END] within it.`,
+          { field: 'Range' },
+        );
+      }
+      if (range !== undefined) reply.code(206).header('content-range', `bytes ${span.start}-${span.end}/${file.size}`);
+      // HEAD answers from the listing: an evicted repo's weights are not made again just to be measured.
+      if (req.method === 'HEAD') return reply.header('content-length', String(span.end - span.start + 1)).send(Readable.from([]));
+      const content = core.hub.content(repo, file);
+      return reply.send(range === undefined ? content : content.subarray(span.start, span.end + 1));
+    },
+  );
 }
 
 /** The Hub's model-info object: what huggingface_hub's ModelInfo and transformers read (id, sha, siblings, tags). */
@@ -94,7 +131,12 @@ function modelInfo(repo: HubRepo) {
     tags: ['loops-mock', 'llama', 'text-generation'],
     pipeline_tag: 'text-generation',
     config: { architectures: ['LlamaForCausalLM'], model_type: 'llama' },
-    siblings: repo.files.map((f) => ({ rfilename: f.name, size: f.size, blobId: f.blobId, ...(f.lfsSha256 ? { lfs: { sha256: f.lfsSha256, size: f.size, pointerSize: lfsPointerSize(f) } } : {}) })),
+    siblings: repo.files.map((f) => ({
+      rfilename: f.name,
+      size: f.size,
+      blobId: f.blobId,
+      ...(f.lfsSha256 ? { lfs: { sha256: f.lfsSha256, size: f.size, pointerSize: lfsPointerSize(f) } } : {}),
+    })),
     usedStorage: repo.files.reduce((n, f) => n + f.size, 0),
   };
 }

@@ -68,7 +68,13 @@ export function textCompletion(r: GenerationResult) {
     object: 'text_completion',
     created: r.created,
     model: r.model,
-    choices: r.choices.map((c) => ({ index: c.index, text: c.text, logprobs: r.logprobs ? textLogprobs(c, r.decode) : null, finish_reason: c.finish_reason, stop_reason: null })),
+    choices: r.choices.map((c) => ({
+      index: c.index,
+      text: c.text,
+      logprobs: r.logprobs ? textLogprobs(c, r.decode) : null,
+      finish_reason: c.finish_reason,
+      stop_reason: null,
+    })),
     usage: usage(r),
   };
 }
@@ -89,27 +95,45 @@ export const streamChunks = {
   /** Before any token: each chat choice's role (completions have none). */
   start(s: GenerationStream, kind: 'chat' | 'completion'): object[] {
     if (kind === 'completion') return [];
-    return Array.from({ length: s.n }, (_, index) => ({ ...chatHead(s), choices: [{ index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }] }));
+    return Array.from({ length: s.n }, (_, index) => ({
+      ...chatHead(s),
+      choices: [{ index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }],
+    }));
   },
 
   /** One choice's text that can be sent now, its tokens' logprobs when asked; the finish on its last. */
   delta(s: GenerationStream, kind: 'chat' | 'completion', d: StreamDelta): object {
     if (kind === 'chat') {
-      const logprobs = s.logprobs ? { content: d.tokens.map((t) => ({ ...tokenEntry(t.text, t.logprob), top_logprobs: (t.top ?? []).map(([id, lp]) => tokenEntry(s.decode([id]), lp)) })) } : null;
+      const logprobs = s.logprobs
+        ? {
+            content: d.tokens.map((t) => ({ ...tokenEntry(t.text, t.logprob), top_logprobs: (t.top ?? []).map(([id, lp]) => tokenEntry(s.decode([id]), lp)) })),
+          }
+        : null;
       return { ...chatHead(s), choices: [{ index: d.index, delta: { content: d.text }, logprobs, finish_reason: d.finish_reason }] };
     }
-    const logprobs = s.logprobs ? {
-      tokens: d.tokens.map((t) => t.text),
-      token_logprobs: d.tokens.map((t) => t.logprob),
-      top_logprobs: d.tokens.map((t) => Object.fromEntries((t.top ?? []).map(([id, lp]) => [s.decode([id]), lp]))),
-    } : null;
+    const logprobs = s.logprobs
+      ? {
+          tokens: d.tokens.map((t) => t.text),
+          token_logprobs: d.tokens.map((t) => t.logprob),
+          top_logprobs: d.tokens.map((t) => Object.fromEntries((t.top ?? []).map(([id, lp]) => [s.decode([id]), lp]))),
+        }
+      : null;
     return { ...textHead(s), choices: [{ index: d.index, text: d.text, logprobs, finish_reason: d.finish_reason, stop_reason: null }] };
   },
 
   /** After every choice's finish, when stream_options.include_usage asked for it. */
   usage(s: GenerationStream, kind: 'chat' | 'completion', completionTokens: number): object {
     const head = kind === 'chat' ? chatHead(s) : textHead(s);
-    return { ...head, choices: [], usage: { prompt_tokens: s.promptTokens, completion_tokens: completionTokens, total_tokens: s.promptTokens + completionTokens, prompt_tokens_details: null } };
+    return {
+      ...head,
+      choices: [],
+      usage: {
+        prompt_tokens: s.promptTokens,
+        completion_tokens: completionTokens,
+        total_tokens: s.promptTokens + completionTokens,
+        prompt_tokens_details: null,
+      },
+    };
   },
 };
 

@@ -19,7 +19,13 @@ interface Params {
 const OPENAI_BODY = Type.Unknown();
 
 /** What OpenAI's clients raise from: vLLM's error body (`{"error": {message, type, param, code}}`). */
-const ERROR_TYPES: Record<number, string> = { 400: 'BadRequestError', 401: 'UnauthorizedError', 404: 'NotFoundError', 409: 'ConflictError', 503: 'ServiceUnavailableError' };
+const ERROR_TYPES: Record<number, string> = {
+  400: 'BadRequestError',
+  401: 'UnauthorizedError',
+  404: 'NotFoundError',
+  409: 'ConflictError',
+  503: 'ServiceUnavailableError',
+};
 
 /**
  * The inference front door of checkpoints deployed to inference: vLLM's
@@ -37,22 +43,31 @@ export function inferenceRoutes(appIn: FastifyInstance, core: LoopsCore): void {
   };
 
   for (const base of ['/model/:model_id/deployment/:deployment_id/sync/v1', '/model/:model_id/environments/production/sync/v1']) {
-    app.post(`${base}/chat/completions`, { schema: { tags, summary: 'OpenAI-compatible chat completions on a deployed checkpoint (model = its checkpoint name)', body: OPENAI_BODY } as object }, (req, reply) =>
-      answer(reply, async () => {
-        const r = target(req);
-        const a = await core.inference.chat(r, req.body, `chatcmpl-${req.id}`);
-        return a.stream ? streamed(reply, a, 'chat') : chatCompletion(a.result);
-      }));
+    app.post(
+      `${base}/chat/completions`,
+      { schema: { tags, summary: 'OpenAI-compatible chat completions on a deployed checkpoint (model = its checkpoint name)', body: OPENAI_BODY } as object },
+      (req, reply) =>
+        answer(reply, async () => {
+          const r = target(req);
+          const a = await core.inference.chat(r, req.body, `chatcmpl-${req.id}`);
+          return a.stream ? streamed(reply, a, 'chat') : chatCompletion(a.result);
+        }),
+    );
 
-    app.post(`${base}/completions`, { schema: { tags, summary: 'OpenAI-compatible completions on a deployed checkpoint (text or token-id prompt)', body: OPENAI_BODY } as object }, (req, reply) =>
-      answer(reply, async () => {
-        const r = target(req);
-        const a = await core.inference.complete(r, req.body, `cmpl-${req.id}`);
-        return a.stream ? streamed(reply, a, 'completion') : textCompletion(a.result);
-      }));
+    app.post(
+      `${base}/completions`,
+      { schema: { tags, summary: 'OpenAI-compatible completions on a deployed checkpoint (text or token-id prompt)', body: OPENAI_BODY } as object },
+      (req, reply) =>
+        answer(reply, async () => {
+          const r = target(req);
+          const a = await core.inference.complete(r, req.body, `cmpl-${req.id}`);
+          return a.stream ? streamed(reply, a, 'completion') : textCompletion(a.result);
+        }),
+    );
 
     app.get(`${base}/models`, { schema: { tags, summary: 'The served models: each deployed checkpoint name, then the base model' } as object }, (req, reply) =>
-      answer(reply, async () => core.inference.models(target(req))));
+      answer(reply, async () => core.inference.models(target(req))),
+    );
   }
 }
 
@@ -91,13 +106,27 @@ async function answer(reply: FastifyReply, work: () => Promise<unknown>): Promis
   } catch (err) {
     if (err instanceof InferenceError) {
       if (err.edge) return reply.code(err.status).type('application/json').send({ error: err.message });
-      return reply.code(err.status).type('application/json').send({ error: { message: err.message, type: ERROR_TYPES[err.status] ?? 'BadRequestError', param: err.param, code: err.status } });
+      return reply
+        .code(err.status)
+        .type('application/json')
+        .send({ error: { message: err.message, type: ERROR_TYPES[err.status] ?? 'BadRequestError', param: err.param, code: err.status } });
     }
     // A bad or missing key is the gateway's answer too.
-    if (err instanceof LoopsError && (err.kind === 'unauthorized' || err.kind === 'forbidden')) return reply.code(STATUS_OF[err.kind]).type('application/json').send({ error: err.message });
+    if (err instanceof LoopsError && (err.kind === 'unauthorized' || err.kind === 'forbidden'))
+      return reply.code(STATUS_OF[err.kind]).type('application/json').send({ error: err.message });
     if (err instanceof LoopsError) {
       const status = STATUS_OF[err.kind];
-      return reply.code(status).type('application/json').send({ error: { message: err.message, type: ERROR_TYPES[status] ?? 'BadRequestError', param: (err.details.field as string | undefined) ?? null, code: status } });
+      return reply
+        .code(status)
+        .type('application/json')
+        .send({
+          error: {
+            message: err.message,
+            type: ERROR_TYPES[status] ?? 'BadRequestError',
+            param: (err.details.field as string | undefined) ?? null,
+            code: status,
+          },
+        });
     }
     throw err;
   }

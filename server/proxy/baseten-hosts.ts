@@ -58,7 +58,10 @@ export function requestHost(url: string, hostHeader: string | undefined): string
     }
   }
   if (!hostHeader) return undefined;
-  return hostHeader.replace(/:\d+$/, '').replace(/^\[|\]$/g, '').toLowerCase();
+  return hostHeader
+    .replace(/:\d+$/, '')
+    .replace(/^\[|\]$/g, '')
+    .toLowerCase();
 }
 
 /**

@@ -86,7 +86,8 @@ export class LocalCa {
     } catch (err) {
       throw new Error(`${dir} holds no usable CA (${(err as Error).message}); remove ${CA_CERT} and ${CA_KEY} there to make a new one`);
     }
-    if (ca.cert.validity.notAfter.getTime() < Date.now()) throw new Error(`the CA in ${dir} expired on ${ca.cert.validity.notAfter.toISOString()}; remove ${CA_CERT} and ${CA_KEY} there to make a new one`);
+    if (ca.cert.validity.notAfter.getTime() < Date.now())
+      throw new Error(`the CA in ${dir} expired on ${ca.cert.validity.notAfter.toISOString()}; remove ${CA_CERT} and ${CA_KEY} there to make a new one`);
     // The bundle follows the CA (and this Node's roots): rewritten when it differs, never trusted as found.
     const bundle = `${rootCertificates.join('\n')}\n${certPem}`;
     if (!existsSync(files.bundle) || readFileSync(files.bundle, 'utf8') !== bundle) writeAtomically(files.bundle, bundle, 0o644);
@@ -113,7 +114,11 @@ export class LocalCa {
     const kept = existsSync(file) ? this.usableLeaf(readFileSync(file, 'utf8')) : undefined;
     if (kept) return kept;
     // An EC key: a handshake then costs the server one P-256 signature (tens of microseconds), not an RSA one (milliseconds).
-    const { privateKey, publicKey } = generateKeyPairSync('ec', { namedCurve: 'prime256v1', publicKeyEncoding: { type: 'spki', format: 'der' }, privateKeyEncoding: { type: 'pkcs8', format: 'pem' } });
+    const { privateKey, publicKey } = generateKeyPairSync('ec', {
+      namedCurve: 'prime256v1',
+      publicKeyEncoding: { type: 'spki', format: 'der' },
+      privateKeyEncoding: { type: 'pkcs8', format: 'pem' },
+    });
     const minted = { key: privateKey, cert: this.mintLeaf(publicKey) };
     try {
       writeAtomically(file, `${minted.key}${minted.cert}`, 0o600);
@@ -131,9 +136,14 @@ export class LocalCa {
     try {
       const leaf = new X509Certificate(cert);
       const ca = new X509Certificate(this.certPem);
-      const good = leaf.publicKey.asymmetricKeyType === 'ec' && leaf.checkIssued(ca) && leaf.verify(ca.publicKey) && leaf.checkPrivateKey(createPrivateKey(key))
-        && leaf.subjectAltName === leafSubjectAltName()
-        && Date.parse(leaf.validTo) - Date.now() > LEAF_RENEW_DAYS * DAY_MS && Date.parse(leaf.validFrom) <= Date.now();
+      const good =
+        leaf.publicKey.asymmetricKeyType === 'ec' &&
+        leaf.checkIssued(ca) &&
+        leaf.verify(ca.publicKey) &&
+        leaf.checkPrivateKey(createPrivateKey(key)) &&
+        leaf.subjectAltName === leafSubjectAltName() &&
+        Date.parse(leaf.validTo) - Date.now() > LEAF_RENEW_DAYS * DAY_MS &&
+        Date.parse(leaf.validFrom) <= Date.now();
       return good ? { key, cert } : undefined;
     } catch {
       return undefined;
@@ -156,7 +166,10 @@ export class LocalCa {
     // A day back, so a client whose clock runs a little behind still accepts it.
     cert.validity.notBefore = new Date(Date.now() - DAY_MS);
     cert.validity.notAfter = new Date(Date.now() + LEAF_DAYS * DAY_MS);
-    cert.setSubject([{ name: 'commonName', value: LEAF_NAMES[0]! }, { name: 'organizationName', value: 'loops-mock' }]);
+    cert.setSubject([
+      { name: 'commonName', value: LEAF_NAMES[0]! },
+      { name: 'organizationName', value: 'loops-mock' },
+    ]);
     cert.setIssuer(this.cert.subject.attributes);
     // What strict verifiers ask of a server certificate (Python 3.13's VERIFY_X509_STRICT, Go, curl): SAN, EKU, AKI.
     cert.setExtensions([
@@ -218,10 +231,12 @@ function makeCaOnce(dir: string, certFile: string, keyFile: string): void {
   try {
     fd = openSync(lock, 'wx');
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw new Error(`cannot write in the CA folder ${dir}: ${(err as Error).message} (choose another with --ca-dir)`);
+    if ((err as NodeJS.ErrnoException).code !== 'EEXIST')
+      throw new Error(`cannot write in the CA folder ${dir}: ${(err as Error).message} (choose another with --ca-dir)`);
     const until = Date.now() + 10_000;
     while (existsSync(lock) && Date.now() < until) Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 50);
-    if (existsSync(lock)) throw new Error(`${lock} is still there after 10 s: another loops-mock is making the CA, or one died doing it; remove the file and start again`);
+    if (existsSync(lock))
+      throw new Error(`${lock} is still there after 10 s: another loops-mock is making the CA, or one died doing it; remove the file and start again`);
     return;
   }
   try {
@@ -233,13 +248,20 @@ function makeCaOnce(dir: string, certFile: string, keyFile: string): void {
 }
 
 function writeNewCa(certFile: string, keyFile: string): void {
-  const { privateKey, publicKey } = generateKeyPairSync('rsa', { modulusLength: 2048, publicKeyEncoding: { type: 'spki', format: 'pem' }, privateKeyEncoding: { type: 'pkcs8', format: 'pem' } });
+  const { privateKey, publicKey } = generateKeyPairSync('rsa', {
+    modulusLength: 2048,
+    publicKeyEncoding: { type: 'spki', format: 'pem' },
+    privateKeyEncoding: { type: 'pkcs8', format: 'pem' },
+  });
   const cert = forge().pki.createCertificate();
   cert.publicKey = forge().pki.publicKeyFromPem(publicKey);
   cert.serialNumber = serialNumber();
   cert.validity.notBefore = new Date(Date.now() - DAY_MS);
   cert.validity.notAfter = new Date(Date.now() + CA_YEARS * 365 * DAY_MS);
-  const name = [{ name: 'commonName', value: 'loops-mock local CA' }, { name: 'organizationName', value: 'loops-mock' }];
+  const name = [
+    { name: 'commonName', value: 'loops-mock local CA' },
+    { name: 'organizationName', value: 'loops-mock' },
+  ];
   cert.setSubject(name);
   cert.setIssuer(name);
   cert.setExtensions([

@@ -31,7 +31,17 @@ const MAX_HANDSHAKES = 512;
 /** At most one log line a this often about refused handshakes, with how many were refused since the last. */
 const LIMIT_LOG_EVERY_MS = 5_000;
 /** Hop-by-hop headers a forwarded request or answer loses (RFC 9110 7.6.1), and the proxy's own credentials. */
-const HOP_BY_HOP = ['connection', 'keep-alive', 'proxy-authorization', 'proxy-authenticate', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade'];
+const HOP_BY_HOP = [
+  'connection',
+  'keep-alive',
+  'proxy-authorization',
+  'proxy-authenticate',
+  'proxy-connection',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade',
+];
 
 /** A CONNECT target or an absolute-form URL's authority. */
 const AUTHORITY = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/;
@@ -59,7 +69,10 @@ export class ForwardProxy implements FrontOfHouse {
   private readonly warnings: ((message: string) => void)[] = [];
   private server: Server | null = null;
 
-  constructor(private readonly core: LoopsCore, private readonly options: ForwardProxyOptions) {
+  constructor(
+    private readonly core: LoopsCore,
+    private readonly options: ForwardProxyOptions,
+  ) {
     this.passthrough = new Set(options.passthrough.map(passthroughKey));
     this.maxHandshakes = options.maxHandshakes ?? MAX_HANDSHAKES;
     // The leaf is read (or minted) now, at start, never while a client waits.
@@ -103,21 +116,61 @@ export class ForwardProxy implements FrontOfHouse {
     const nested = this.decrypted.has(req.socket);
     if (!host || !passes || nested) {
       const reason = nested ? NESTED_REFUSAL : host ? refusalOf(host, port) : `the request target '${url.slice(0, 200)}' names no host`;
-      this.record({ seq, time, method: req.method ?? 'GET', path: url.split('?')[0]!, status: 403, started, action: 'refuse', host: host ?? '', port, ...(nested ? { error: 'inside a loops-mock tunnel' } : {}) });
+      this.record({
+        seq,
+        time,
+        method: req.method ?? 'GET',
+        path: url.split('?')[0]!,
+        status: 403,
+        started,
+        action: 'refuse',
+        host: host ?? '',
+        port,
+        ...(nested ? { error: 'inside a loops-mock tunnel' } : {}),
+      });
       const body = JSON.stringify({ error: { type: 'proxy_refused', message: `${reason}.`, host: host ?? null, intercepted_hosts: INTERCEPTED_HOSTS_TEXT } });
-      res.writeHead(403, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'x-loops-mock-version': VERSION, connection: 'close' });
+      res.writeHead(403, {
+        'content-type': 'application/json',
+        'content-length': Buffer.byteLength(body),
+        'x-loops-mock-version': VERSION,
+        connection: 'close',
+      });
       res.end(body);
       return true;
     }
     const target = new URL(url);
-    const upstream = httpRequest({ host: target.hostname, port, method: req.method, path: `${target.pathname}${target.search}`, headers: endToEnd(req.headers) }, (answer) => {
-      res.writeHead(answer.statusCode ?? 502, endToEnd(answer.headers));
-      answer.pipe(res);
-      this.record({ seq, time, method: req.method ?? 'GET', path: url.split('?')[0]!, status: answer.statusCode ?? 502, started, action: 'passthrough', host, port });
-    });
+    const upstream = httpRequest(
+      { host: target.hostname, port, method: req.method, path: `${target.pathname}${target.search}`, headers: endToEnd(req.headers) },
+      (answer) => {
+        res.writeHead(answer.statusCode ?? 502, endToEnd(answer.headers));
+        answer.pipe(res);
+        this.record({
+          seq,
+          time,
+          method: req.method ?? 'GET',
+          path: url.split('?')[0]!,
+          status: answer.statusCode ?? 502,
+          started,
+          action: 'passthrough',
+          host,
+          port,
+        });
+      },
+    );
     upstream.on('socket', (socket) => this.track(socket));
     upstream.on('error', (err) => {
-      this.record({ seq, time, method: req.method ?? 'GET', path: url.split('?')[0]!, status: 502, started, action: 'passthrough', host, port, error: err.message });
+      this.record({
+        seq,
+        time,
+        method: req.method ?? 'GET',
+        path: url.split('?')[0]!,
+        status: 502,
+        started,
+        action: 'passthrough',
+        host,
+        port,
+        error: err.message,
+      });
       if (!res.headersSent) res.writeHead(502, { 'content-type': 'application/json', 'x-loops-mock-version': VERSION });
       res.end(JSON.stringify({ error: { type: 'bad_gateway', message: `loops-mock could not reach ${host} (a --proxy-passthrough host): ${err.message}.` } }));
     });
@@ -169,7 +222,13 @@ export class ForwardProxy implements FrontOfHouse {
   }
 
   /** TLS with a leaf for `host`, then the decrypted stream is one more connection of the HTTP server. */
-  private intercept(socket: Socket, head: Buffer, host: string, port: number, entry: (status: number, action: ProxyAction, host: string, port: number, error?: string) => void): void {
+  private intercept(
+    socket: Socket,
+    head: Buffer,
+    host: string,
+    port: number,
+    entry: (status: number, action: ProxyAction, host: string, port: number, error?: string) => void,
+  ): void {
     if (this.handshaking >= this.maxHandshakes) {
       const reason = `loops-mock has ${this.handshaking} TLS handshakes in progress, its limit; try again in a moment`;
       entry(503, 'refuse', host, port, 'handshake limit');
@@ -221,7 +280,13 @@ export class ForwardProxy implements FrontOfHouse {
     socket.once('close', () => tls.destroy());
   }
 
-  private tunnel(socket: Socket, head: Buffer, host: string, port: number, entry: (status: number, action: ProxyAction, host: string, port: number, error?: string) => void): void {
+  private tunnel(
+    socket: Socket,
+    head: Buffer,
+    host: string,
+    port: number,
+    entry: (status: number, action: ProxyAction, host: string, port: number, error?: string) => void,
+  ): void {
     const upstream = connect({ host, port });
     this.track(upstream);
     this.track(socket);
@@ -293,9 +358,26 @@ export class ForwardProxy implements FrontOfHouse {
     return new Date(this.core.clock.now()).toISOString();
   }
 
-  private record(e: { seq: number; time: string; method: string; path: string; status: number; started: number; action: ProxyAction; host: string; port: number; error?: string }): void {
+  private record(e: {
+    seq: number;
+    time: string;
+    method: string;
+    path: string;
+    status: number;
+    started: number;
+    action: ProxyAction;
+    host: string;
+    port: number;
+    error?: string;
+  }): void {
     const entry: JournalEntry = {
-      seq: e.seq, time: e.time, surface: 'proxy', method: e.method, path: e.path, route: null, status: e.status,
+      seq: e.seq,
+      time: e.time,
+      surface: 'proxy',
+      method: e.method,
+      path: e.path,
+      route: null,
+      status: e.status,
       latency_ms: Math.round((performance.now() - e.started) * 1000) / 1000,
       headers: { auth: 'none' },
       host: e.host,
@@ -336,7 +418,11 @@ function refusalOf(host: string, port: number): string {
 
 /** Headers without the hop-by-hop ones, nor those the Connection header names. */
 function endToEnd(headers: IncomingMessage['headers']): IncomingMessage['headers'] {
-  const named = String(headers.connection ?? '').toLowerCase().split(',').map((h) => h.trim()).filter(Boolean);
+  const named = String(headers.connection ?? '')
+    .toLowerCase()
+    .split(',')
+    .map((h) => h.trim())
+    .filter(Boolean);
   const out: IncomingMessage['headers'] = {};
   for (const [name, value] of Object.entries(headers)) if (!HOP_BY_HOP.includes(name) && !named.includes(name)) out[name] = value;
   return out;
@@ -360,7 +446,9 @@ function portOf(url: string): number {
 function refuseSocket(socket: Socket, status: number, reason: string, message: string, details: Record<string, unknown> = {}): void {
   const phrase = reason.replace(/[^\x20-\x7e]/g, '?').slice(0, 300);
   const body = JSON.stringify({ error: { type: status === 400 ? 'invalid_request' : status === 502 ? 'bad_gateway' : 'proxy_refused', message, ...details } });
-  socket.end(`HTTP/1.1 ${status} ${phrase}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nx-loops-mock-version: ${VERSION}\r\nconnection: close\r\n\r\n${body}`);
+  socket.end(
+    `HTTP/1.1 ${status} ${phrase}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nx-loops-mock-version: ${VERSION}\r\nconnection: close\r\n\r\n${body}`,
+  );
 }
 
 /** What a failed handshake most likely means, said so that the journal reader knows the fix. */

@@ -45,7 +45,9 @@ const describe = (s: Shape): string => (typeof s === 'string' ? s : Array.isArra
 /** Every difference between an expected and an actual shape, each with its JSON path. */
 export function diffShapes(expected: Shape, actual: Shape, path = ''): string[] {
   if (typeof expected === 'string' || typeof actual === 'string' || Array.isArray(expected) !== Array.isArray(actual)) {
-    return describe(expected) === describe(actual) && typeof expected === 'string' ? [] : [`${path || '(body)'}: expected ${describe(expected)}, got ${describe(actual)}`];
+    return describe(expected) === describe(actual) && typeof expected === 'string'
+      ? []
+      : [`${path || '(body)'}: expected ${describe(expected)}, got ${describe(actual)}`];
   }
   if (Array.isArray(expected) && Array.isArray(actual)) {
     // An empty array says nothing about its items.
@@ -87,8 +89,10 @@ export function mapStrings<T>(value: T, fn: (s: string) => string): T {
 
 /** Replaces `{name}` placeholders in every string of a template. */
 export function fill<T>(template: T, vars: Map<string, string>, fresh: (name: string) => string): T {
-  return mapStrings(template, (s) => s.replace(/\{(key:[A-Za-z0-9_]+|[A-Za-z0-9_]+)\}/g, (whole, name: string) => {
-    if (name.startsWith('key:')) return fresh(name);
-    return vars.get(name) ?? whole;
-  }));
+  return mapStrings(template, (s) =>
+    s.replace(/\{(key:[A-Za-z0-9_]+|[A-Za-z0-9_]+)\}/g, (whole, name: string) => {
+      if (name.startsWith('key:')) return fresh(name);
+      return vars.get(name) ?? whole;
+    }),
+  );
 }

@@ -102,11 +102,14 @@ export async function startRecorder(options: RecorderOptions): Promise<Recorder>
     for (const [value, name] of [...names].sort((a, b) => b[0].length - a[0].length)) {
       if (/^https?:\/\//.test(value) && s.startsWith(value)) return `{${name}}${templated(s.slice(value.length))}`;
     }
-    return s.split('/').map((seg) => {
-      const [head, ...query] = seg.split('?');
-      const n = names.get(head!);
-      return `${n ? `{${n}}` : head}${query.length ? `?${query.join('?')}` : ''}`;
-    }).join('/');
+    return s
+      .split('/')
+      .map((seg) => {
+        const [head, ...query] = seg.split('?');
+        const n = names.get(head!);
+        return `${n ? `{${n}}` : head}${query.length ? `?${query.join('?')}` : ''}`;
+      })
+      .join('/');
   };
 
   const record = (req: IncomingMessage, requestBody: unknown, status: number, responseBody: unknown, binary: boolean) => {
@@ -147,7 +150,11 @@ export async function startRecorder(options: RecorderOptions): Promise<Recorder>
     const raw = Buffer.concat(chunks);
     let requestBody: unknown;
     if (raw.length) {
-      try { requestBody = JSON.parse(raw.toString('utf8')); } catch { requestBody = raw.toString('utf8'); }
+      try {
+        requestBody = JSON.parse(raw.toString('utf8'));
+      } catch {
+        requestBody = raw.toString('utf8');
+      }
     }
     const headers: Record<string, string> = {};
     for (const [k, v] of Object.entries(req.headers)) {
@@ -164,10 +171,17 @@ export async function startRecorder(options: RecorderOptions): Promise<Recorder>
     const bytes = Buffer.from(await upstreamRes.arrayBuffer());
     const type = upstreamRes.headers.get('content-type') ?? '';
     const out: Record<string, string> = {};
-    for (const h of PASSED_BACK) { const v = upstreamRes.headers.get(h); if (v !== null) out[h] = v; }
+    for (const h of PASSED_BACK) {
+      const v = upstreamRes.headers.get(h);
+      if (v !== null) out[h] = v;
+    }
     if (type.includes('json') && bytes.length) {
       let body: unknown;
-      try { body = rewrite(JSON.parse(bytes.toString('utf8'))); } catch { body = undefined; }
+      try {
+        body = rewrite(JSON.parse(bytes.toString('utf8')));
+      } catch {
+        body = undefined;
+      }
       if (body !== undefined) {
         const text = JSON.stringify(body);
         res.writeHead(upstreamRes.status, out);
@@ -199,6 +213,10 @@ export async function startRecorder(options: RecorderOptions): Promise<Recorder>
     url: base,
     file,
     fixture,
-    close: () => new Promise<void>((resolve) => { server.closeAllConnections(); server.close(() => resolve()); }),
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
   };
 }

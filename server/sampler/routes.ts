@@ -19,7 +19,8 @@ export function samplerPlaneRoutes(appIn: FastifyInstance, core: LoopsCore): voi
   const pinOf = (req: FastifyRequest): Pin => {
     const raw = req.headers['x-min-policy-version'];
     const text = Array.isArray(raw) ? raw[0] : raw;
-    if (text !== undefined && !/^\d+$/.test(text.trim())) throw invalid(`X-Min-Policy-Version must be a whole number >= 0 (got '${text}').`, { field: 'X-Min-Policy-Version' });
+    if (text !== undefined && !/^\d+$/.test(text.trim()))
+      throw invalid(`X-Min-Policy-Version must be a whole number >= 0 (got '${text}').`, { field: 'X-Min-Policy-Version' });
     const affinity = req.headers['x-affinity-key'];
     return { floor: text === undefined ? undefined : Number(text), affinityKey: Array.isArray(affinity) ? affinity[0] : affinity };
   };
@@ -38,30 +39,63 @@ export function samplerPlaneRoutes(appIn: FastifyInstance, core: LoopsCore): voi
     }
   };
 
-  app.post('/sampler/:sampler_id/sample', {
-    schema: { tags, summary: 'Sample num_samples continuations of a prompt (honours X-Min-Policy-Version and X-Affinity-Key)', params: SamplerParams, body: SampleRequest },
-  }, (req, reply) => answer(reply, core.sampling.sample(target(req), req.body, pinOf(req))));
+  app.post(
+    '/sampler/:sampler_id/sample',
+    {
+      schema: {
+        tags,
+        summary: 'Sample num_samples continuations of a prompt (honours X-Min-Policy-Version and X-Affinity-Key)',
+        params: SamplerParams,
+        body: SampleRequest,
+      },
+    },
+    (req, reply) => answer(reply, core.sampling.sample(target(req), req.body, pinOf(req))),
+  );
 
-  app.post('/sampler/:sampler_id/compute_logprobs', {
-    schema: { tags, summary: 'Logprob of each prompt token given those before it (null at 0)', params: SamplerParams, body: ComputeLogprobsRequest },
-  }, (req, reply) => answer(reply, core.sampling.computeLogprobs(target(req), req.body.prompt, pinOf(req))));
+  app.post(
+    '/sampler/:sampler_id/compute_logprobs',
+    {
+      schema: { tags, summary: 'Logprob of each prompt token given those before it (null at 0)', params: SamplerParams, body: ComputeLogprobsRequest },
+    },
+    (req, reply) => answer(reply, core.sampling.computeLogprobs(target(req), req.body.prompt, pinOf(req))),
+  );
 
-  app.post('/sampler/:sampler_id/v1/completions', {
-    schema: { tags, summary: 'OpenAI/vLLM-compatible completions (text or token-id prompt)', params: SamplerParams, body: CompletionsRequest },
-  }, (req, reply) => answer(reply, core.sampling.complete(target(req), req.body, `cmpl-${req.id}`, pinOf(req))));
+  app.post(
+    '/sampler/:sampler_id/v1/completions',
+    {
+      schema: { tags, summary: 'OpenAI/vLLM-compatible completions (text or token-id prompt)', params: SamplerParams, body: CompletionsRequest },
+    },
+    (req, reply) => answer(reply, core.sampling.complete(target(req), req.body, `cmpl-${req.id}`, pinOf(req))),
+  );
 
-  app.get('/sampler/:sampler_id/v1/models', {
-    schema: { tags, summary: 'Served models in vLLM\'s format: the base model (parent null) and each live adapter (parent = base model)', params: SamplerParams },
-  }, (req) => core.sampling.models(target(req)));
+  app.get(
+    '/sampler/:sampler_id/v1/models',
+    {
+      schema: {
+        tags,
+        summary: "Served models in vLLM's format: the base model (parent null) and each live adapter (parent = base model)",
+        params: SamplerParams,
+      },
+    },
+    (req) => core.sampling.models(target(req)),
+  );
 
-  app.get('/sampler/:sampler_id/policy_version', {
-    schema: { tags, summary: "Each replica's live policy version, the highest, and the latest published", params: SamplerParams },
-  }, (req) => core.sampling.policyVersions(target(req)));
+  app.get(
+    '/sampler/:sampler_id/policy_version',
+    {
+      schema: { tags, summary: "Each replica's live policy version, the highest, and the latest published", params: SamplerParams },
+    },
+    (req) => core.sampling.policyVersions(target(req)),
+  );
 
-  app.get('/sampler/:sampler_id/health', {
-    schema: { tags, summary: '200 while ACTIVE, 503 while starting (a scaled-to-zero sampler starts waking), 409 once stopped', params: SamplerParams },
-  }, (req) => {
-    core.sampling.ready(target(req));
-    return { status: 'ok' };
-  });
+  app.get(
+    '/sampler/:sampler_id/health',
+    {
+      schema: { tags, summary: '200 while ACTIVE, 503 while starting (a scaled-to-zero sampler starts waking), 409 once stopped', params: SamplerParams },
+    },
+    (req) => {
+      core.sampling.ready(target(req));
+      return { status: 'ok' };
+    },
+  );
 }

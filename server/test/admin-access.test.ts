@@ -39,8 +39,12 @@ describe('admin input that once broke the server', () => {
       [{ match: { headers: { 'has space': 'v' } }, action: { type: 'respond', status: 503 } }, 'match.headers.has space', /not an HTTP header name/],
     ];
     for (const [rule, field, message] of bad) {
-      const res = await fetch(`${server.url}/_mock/faults`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: typeof rule === 'string' ? rule : JSON.stringify(rule) });
-      const body = await res.json() as { error: { field: string; message: string } };
+      const res = await fetch(`${server.url}/_mock/faults`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: typeof rule === 'string' ? rule : JSON.stringify(rule),
+      });
+      const body = (await res.json()) as { error: { field: string; message: string } };
       expect([res.status, body.error.field], field).toEqual([400, field]);
       expect(body.error.message).toMatch(message);
     }
@@ -50,7 +54,16 @@ describe('admin input that once broke the server', () => {
 
   it('refuses a YAML alias bomb with a 400', async () => {
     await start();
-    const bomb = ['a: &a ["x","x","x","x","x","x","x","x","x","x"]', ...Array.from({ length: 8 }, (_, i) => `${String.fromCharCode(98 + i)}: &${String.fromCharCode(98 + i)} [${Array(10).fill(`*${String.fromCharCode(97 + i)}`).join(',')}]`)].join('\n');
+    const bomb = [
+      'a: &a ["x","x","x","x","x","x","x","x","x","x"]',
+      ...Array.from(
+        { length: 8 },
+        (_, i) =>
+          `${String.fromCharCode(98 + i)}: &${String.fromCharCode(98 + i)} [${Array(10)
+            .fill(`*${String.fromCharCode(97 + i)}`)
+            .join(',')}]`,
+      ),
+    ].join('\n');
     const res = await fetch(`${server.url}/_mock/scenario`, { method: 'POST', headers: { 'content-type': 'application/yaml' }, body: bomb });
     expect(res.status).toBe(400);
     expect(((await res.json()) as { error: { message: string } }).error.message).toMatch(/alias/i);

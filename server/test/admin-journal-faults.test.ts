@@ -27,13 +27,24 @@ describe('the request journal', () => {
     expect(entries.map((e) => e.seq)).toEqual([...entries.map((e) => e.seq)].sort((a, b) => a - b));
     expect(JSON.stringify(entries)).not.toContain(KEY);
     const submit = entries.find((e) => e.op === 'forward' && e.method === 'POST')!;
-    expect(submit).toMatchObject({ surface: 'trainer', route: '/trainer/{run_id}/forward', status: 200, run_id: run.id, headers: { auth: 'bearer', idempotency_key: 'key-1' } });
+    expect(submit).toMatchObject({
+      surface: 'trainer',
+      route: '/trainer/{run_id}/forward',
+      status: 200,
+      run_id: run.id,
+      headers: { auth: 'bearer', idempotency_key: 'key-1' },
+    });
     expect(submit.operation_id).toBe(done.submitted.body.operation_id);
     expect((submit.body as { loss_fn: string }).loss_fn).toBe('cross_entropy');
     const poll = entries.find((e) => e.route === '/trainer/{run_id}/operations/{operation_id}')!;
     expect(poll).toMatchObject({ op: 'forward', operation_id: submit.operation_id, response: { operation_status: 'done' } });
     const sample = entries.find((e) => e.surface === 'sampler')!;
-    expect(sample).toMatchObject({ sampler_id: samplerId, op: 'sample', headers: { min_policy_version: '0', affinity_key: 'user-7' }, response: { policy_version: 0 } });
+    expect(sample).toMatchObject({
+      sampler_id: samplerId,
+      op: 'sample',
+      headers: { min_policy_version: '0', affinity_key: 'user-7' },
+      response: { policy_version: 0 },
+    });
     expect(entries[0]).toMatchObject({ surface: 'control', method: 'POST', path: '/v1/loops/sessions' });
 
     expect((await admin.journal({ surface: 'trainer' })).entries.every((e) => e.surface === 'trainer')).toBe(true);
@@ -43,8 +54,16 @@ describe('the request journal', () => {
     expect(page.next_since).toBe(submit.seq + 2);
 
     const ndjson = await (await fetch(`${server.url}/_mock/journal?format=ndjson&surface=sampler`)).text();
-    expect(ndjson.trim().split('\n').map((l) => JSON.parse(l).op)).toEqual(['sample']);
-    const fileLines = readFileSync(journalFile, 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    expect(
+      ndjson
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l).op),
+    ).toEqual(['sample']);
+    const fileLines = readFileSync(journalFile, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
     expect(fileLines.length).toBeGreaterThanOrEqual(entries.length);
     expect((await fetch(`${server.url}/_mock/journal?surface=nope`)).status).toBe(400);
   });
@@ -61,14 +80,21 @@ describe('the request journal', () => {
 describe('fault actions, as a client sees them', () => {
   it('respond: a status, error body and Retry-After; then the rule is spent', async () => {
     const { api, admin } = await start();
-    await admin.addFault({ match: { surface: 'control', method: 'POST', route: '/v1/loops/sessions' }, action: { type: 'respond', status: 429, retry_after_s: 3 }, times: 1 });
+    await admin.addFault({
+      match: { surface: 'control', method: 'POST', route: '/v1/loops/sessions' },
+      action: { type: 'respond', status: 429, retry_after_s: 3 },
+      times: 1,
+    });
     const refused = await api.call('POST', '/v1/loops/sessions');
     expect(refused.status).toBe(429);
     expect(refused.headers.get('retry-after')).toBe('3');
     expect(refused.body.error).toMatchObject({ type: 'rate_limited', fault_id: 'fault_1' });
     expect((await api.call('POST', '/v1/loops/sessions')).status).toBe(200);
     expect((await admin.faults())[0]).toMatchObject({ matched: 1, fired: 1, remaining: 0 });
-    const custom = await admin.addFault({ match: { route: '/v1/loops/capabilities' }, action: { type: 'respond', status: 500, body: { detail: 'boom' }, headers: { 'x-upstream': 'down' } } });
+    const custom = await admin.addFault({
+      match: { route: '/v1/loops/capabilities' },
+      action: { type: 'respond', status: 500, body: { detail: 'boom' }, headers: { 'x-upstream': 'down' } },
+    });
     const res = await api.call('GET', '/v1/loops/capabilities');
     expect([res.status, res.body, res.headers.get('x-upstream')]).toEqual([500, { detail: 'boom' }, 'down']);
     await admin.removeFault(custom.id);
@@ -95,7 +121,10 @@ describe('fault actions, as a client sees them', () => {
     await expect(api.call('POST', '/v1/loops/runs', body)).rejects.toThrow();
     expect((await api.call('GET', '/v1/loops/runs')).body.runs).toHaveLength(1);
     const drops = (await admin.journal({ surface: 'control' })).entries.filter((e) => e.fault);
-    expect(drops.map((e) => [e.status, e.fault!.action])).toEqual([[0, 'drop'], [0, 'drop_after']]);
+    expect(drops.map((e) => [e.status, e.fault!.action])).toEqual([
+      [0, 'drop'],
+      [0, 'drop_after'],
+    ]);
   });
 
   it('drop after a submit: resubmitting with the same Idempotency-Key returns the same operation, and the optimizer steps once', async () => {
@@ -147,7 +176,10 @@ describe('rule matching and firing', () => {
     const { api, admin } = await start();
     const a = await newRun(api);
     const b = await newRun(api);
-    await admin.addFault({ match: { surface: 'trainer', method: 'POST', op: 'forward_backward', run_id: a.run.id, headers: { 'idempotency-key': '*' } }, action: { type: 'respond', status: 500 } });
+    await admin.addFault({
+      match: { surface: 'trainer', method: 'POST', op: 'forward_backward', run_id: a.run.id, headers: { 'idempotency-key': '*' } },
+      action: { type: 'respond', status: 500 },
+    });
     const status = async (trainer: string, op: string, headers: Record<string, string>) => (await api.call('POST', `${trainer}/${op}`, fb, headers)).status;
     expect(await status(a.trainer, 'forward', { 'idempotency-key': 'k1' })).toBe(200);
     expect(await status(b.trainer, 'forward_backward', { 'idempotency-key': 'k2' })).toBe(200);

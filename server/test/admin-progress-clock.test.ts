@@ -64,7 +64,7 @@ describe('operation progress', () => {
 });
 
 describe('sampler replica control', () => {
-  it('sets the replica count, pauses and resumes a replica\'s sync, and gives one replica its own delay', async () => {
+  it("sets the replica count, pauses and resumes a replica's sync, and gives one replica its own delay", async () => {
     const { api, admin } = await start({ clock: 'virtual', floorWaitMs: 0 });
     const { trainer, sampler, samplerId: id } = await newRun(api);
     expect((await api.call('POST', `${sampler}/sample`, sampleBody)).status).toBe(200);
@@ -76,10 +76,16 @@ describe('sampler replica control', () => {
     await submitAndPoll(api, trainer, 'save_weights_for_sampler', { name: 'v1' }, 's-3');
     let state = await admin.sampler(id);
     expect(state.published_version).toBe(1);
-    expect(state.replicas.map((r) => [r.policy_version, r.pending_version, r.syncing_version, r.paused])).toEqual([[0, 1, null, true], [0, null, 1, false]]);
+    expect(state.replicas.map((r) => [r.policy_version, r.pending_version, r.syncing_version, r.paused])).toEqual([
+      [0, 1, null, true],
+      [0, null, 1, false],
+    ]);
     const refused = await api.call('POST', `${sampler}/sample`, sampleBody, { 'x-min-policy-version': '1' });
     expect(refused.status).toBe(408);
-    expect(refused.body.error.replicas).toEqual([{ replica: 0, policy_version: 0 }, { replica: 1, policy_version: 0 }]);
+    expect(refused.body.error.replicas).toEqual([
+      { replica: 0, policy_version: 0 },
+      { replica: 1, policy_version: 0 },
+    ]);
     await admin.advanceClock(5000);
     state = await admin.sampler(id);
     expect(state.replicas.map((r) => r.policy_version)).toEqual([0, 1]);
@@ -119,7 +125,11 @@ describe('settings and reset', () => {
     expect((await api.call('GET', `${trainer}/health`)).status).toBe(503);
     await admin.advanceClock(1000);
     expect((await api.call('GET', `${trainer}/health`)).status).toBe(200);
-    const bad = await fetch(`${server.url}/_mock/settings`, { method: 'PATCH', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ long_poll_ms: 40_000 }) });
+    const bad = await fetch(`${server.url}/_mock/settings`, {
+      method: 'PATCH',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ long_poll_ms: 40_000 }),
+    });
     expect([bad.status, (await bad.json()).error.field]).toEqual([400, 'body.long_poll_ms']);
   });
 

@@ -19,7 +19,20 @@ async function start(options: StartOptions = {}) {
 describe('scenarios', () => {
   it('ships the library the issue asks for, and each one loads by name', async () => {
     const names = shippedScenarioNames();
-    for (const required of ['lagging-replica', 'replicas-out-of-step', 'lost-operation', 'shutdown-mid-run', 'sampling-backpressure', 'long-operations', 'user-error', 'slow-cold-start', 'sampler-scale-to-zero', 'run-idle-timeout', 'deactivation-during-training', 'flaky-network']) {
+    for (const required of [
+      'lagging-replica',
+      'replicas-out-of-step',
+      'lost-operation',
+      'shutdown-mid-run',
+      'sampling-backpressure',
+      'long-operations',
+      'user-error',
+      'slow-cold-start',
+      'sampler-scale-to-zero',
+      'run-idle-timeout',
+      'deactivation-during-training',
+      'flaky-network',
+    ]) {
       expect(names).toContain(required);
     }
     const { admin } = await start();
@@ -49,7 +62,11 @@ describe('scenarios', () => {
     expect(await problem('{\n  "settings": {\n    "long_poll_ms": "soon"\n  }\n}')).toMatchObject({ line: 3 });
     expect(await problem('faults: [\n')).toHaveProperty('line');
     await expect(admin.applyScenario({ name: '../package.json' })).rejects.toThrow(/404/);
-    const yamlBody = await fetch(`${server.url}/_mock/scenario`, { method: 'POST', headers: { 'content-type': 'application/yaml' }, body: 'settings:\n  floor_wait_ms: 5\n' });
+    const yamlBody = await fetch(`${server.url}/_mock/scenario`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/yaml' },
+      body: 'settings:\n  floor_wait_ms: 5\n',
+    });
     expect(yamlBody.status).toBe(200);
     expect((await admin.settings()).floor_wait_ms).toBe(5);
   });
@@ -91,7 +108,8 @@ describe('scenarios', () => {
     },
     'user-error': async (api) => {
       const { trainer } = await newRun(api);
-      for (const key of ['ue-1', 'ue-2']) expect((await submitAndPoll(api, trainer, 'forward_backward', fb, key)).final.body.error.error_class).toBe('ValueError');
+      for (const key of ['ue-1', 'ue-2'])
+        expect((await submitAndPoll(api, trainer, 'forward_backward', fb, key)).final.body.error.error_class).toBe('ValueError');
       expect((await submitAndPoll(api, trainer, 'forward', fb, 'ue-3')).final.body.status).toBe('done');
     },
     'long-operations': async (api) => {

@@ -6,7 +6,10 @@ import { startTestServer } from './helpers.js';
 // Issue 31 item 19: the admin token could be guessed at the speed of the port (sign-in, Bearer, cookie).
 
 let server: RunningServer | undefined;
-afterEach(async () => { await server?.close(); server = undefined; });
+afterEach(async () => {
+  await server?.close();
+  server = undefined;
+});
 
 describe('wrong admin tokens are limited per client address', () => {
   it('counts distinct wrong tokens in a window; the same one again counts once; the window frees the address', () => {
@@ -31,7 +34,8 @@ describe('wrong admin tokens are limited per client address', () => {
   it('sign-in and the admin API answer 429 with Retry-After after ten wrong tokens, the right one too, for that address only', async () => {
     // With --api-key the dashboard's data routes check the token too.
     server = await startTestServer({ admin: true, adminToken: 'sesame', apiKey: 'k' });
-    const login = (token: string, remoteAddress = '127.0.0.1') => server!.app.inject({ method: 'POST', url: '/_mock/ui/login', payload: { token }, remoteAddress });
+    const login = (token: string, remoteAddress = '127.0.0.1') =>
+      server!.app.inject({ method: 'POST', url: '/_mock/ui/login', payload: { token }, remoteAddress });
     // A stale cookie polled again and again is one wrong token, never a lockout.
     for (let i = 0; i < 30; i++) expect((await login('stale')).statusCode).toBe(401);
     expect((await login('sesame')).statusCode).toBe(200);

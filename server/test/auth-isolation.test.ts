@@ -61,8 +61,13 @@ describe('isolation', () => {
     expect(res.statusCode).toBe(404);
   });
 
-  it('scope=org lists colleagues\' resources; the default lists only your own', async () => {
-    server = await startTestServer({ apiKeys: [{ key: 'alice', org: 'acme' }, { key: 'bob', org: 'acme' }] });
+  it("scope=org lists colleagues' resources; the default lists only your own", async () => {
+    server = await startTestServer({
+      apiKeys: [
+        { key: 'alice', org: 'acme' },
+        { key: 'bob', org: 'acme' },
+      ],
+    });
     const alice = client(server, 'alice');
     const bob = client(server, 'bob');
     const run = await newRun(alice);
@@ -78,7 +83,12 @@ describe('isolation', () => {
 
 describe('team-scoped routes', () => {
   it('create and list within a team; an unknown or foreign team is 404', async () => {
-    server = await startTestServer({ apiKeys: [{ key: 'alice', org: 'acme', team: 'research' }, { key: 'zed', org: 'other', team: 'research' }] });
+    server = await startTestServer({
+      apiKeys: [
+        { key: 'alice', org: 'acme', team: 'research' },
+        { key: 'zed', org: 'other', team: 'research' },
+      ],
+    });
     const alice = client(server, 'alice');
     const teams = (await alice.get('/v1/teams')).body.teams;
     const research = teams.find((t: any) => t.name === 'research').id;
@@ -107,8 +117,13 @@ describe('team-scoped routes', () => {
 });
 
 describe('teams inside one organisation', () => {
-  it('are a boundary for changes, not for reading: a key changes its own team\'s and the Default Team\'s resources only', async () => {
-    server = await startTestServer({ apiKeys: [{ key: 'k1', org: 'orgA', team: 'teamA' }, { key: 'k2', org: 'orgA', team: 'teamB' }] });
+  it("are a boundary for changes, not for reading: a key changes its own team's and the Default Team's resources only", async () => {
+    server = await startTestServer({
+      apiKeys: [
+        { key: 'k1', org: 'orgA', team: 'teamA' },
+        { key: 'k2', org: 'orgA', team: 'teamB' },
+      ],
+    });
     const k1 = client(server, 'k1');
     const k2 = client(server, 'k2');
     const teams = Object.fromEntries((await k1.get('/v1/teams')).body.teams.map((t: any) => [t.name, t.id]));

@@ -22,7 +22,11 @@ afterAll(() => server.close());
 
 /** One call of the CLI: fails the test as the CLI would fail the command. */
 async function cli(method: 'GET' | 'POST', path: string, body?: unknown, query: Record<string, string | number | undefined> = {}): Promise<any> {
-  const params = new URLSearchParams(Object.entries(query).filter(([, v]) => v !== undefined).map(([k, v]) => [k, String(v)]));
+  const params = new URLSearchParams(
+    Object.entries(query)
+      .filter(([, v]) => v !== undefined)
+      .map(([k, v]) => [k, String(v)]),
+  );
   const url = `${server.url}${path}${params.size ? `?${params}` : ''}`;
   const res = await fetch(url, {
     method,
@@ -44,7 +48,8 @@ describe("the Baseten CLI's loops commands", () => {
     const team = teams.find((t: { name: string }) => t.name === 'cli-team');
     expect(team?.id).toBeTruthy();
     const teamSession = (await cli('POST', `/v1/teams/${team.id}/loops/sessions`)).session;
-    const teamRun = (await cli('POST', `/v1/teams/${team.id}/loops/runs`, { session_id: teamSession.id, base_model: 'Qwen/Qwen3.5-2B', name: 'cli-team-run' })).run;
+    const teamRun = (await cli('POST', `/v1/teams/${team.id}/loops/runs`, { session_id: teamSession.id, base_model: 'Qwen/Qwen3.5-2B', name: 'cli-team-run' }))
+      .run;
     expect(teamRun.id).toBeTruthy();
     expect(teamRun.base_model).toBe('Qwen/Qwen3.5-2B');
 
@@ -78,9 +83,15 @@ describe("the Baseten CLI's loops commands", () => {
 
     // A checkpoint to list: one training step and a save through the run's trainer.
     const trainer = described.base_url;
-    const submit = await fetch(`${trainer}/save_weights_for_sampler`, { method: 'POST', headers: { authorization: `Api-Key ${KEY}`, 'content-type': 'application/json' }, body: JSON.stringify({ name: 'cli-ckpt' }) });
-    const { operation_id } = await submit.json() as { operation_id: string };
-    expect((await (await fetch(`${trainer}/operations/${operation_id}`, { headers: { authorization: `Api-Key ${KEY}` } })).json() as { status: string }).status).toBe('done');
+    const submit = await fetch(`${trainer}/save_weights_for_sampler`, {
+      method: 'POST',
+      headers: { authorization: `Api-Key ${KEY}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ name: 'cli-ckpt' }),
+    });
+    const { operation_id } = (await submit.json()) as { operation_id: string };
+    expect(
+      ((await (await fetch(`${trainer}/operations/${operation_id}`, { headers: { authorization: `Api-Key ${KEY}` } })).json()) as { status: string }).status,
+    ).toBe('done');
 
     // usage [--org]
     for (const query of [{}, { scope: 'org' }]) {

@@ -24,7 +24,15 @@ export function systemChromium(): string {
   throw new Error("No system Chromium: install Debian's (sudo apt-get install -y chromium; .ci/run does it) or set CHROMIUM to its path.");
 }
 
-const FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'];
+const FLAGS = [
+  '--headless',
+  '--no-sandbox',
+  '--disable-gpu',
+  '--disable-background-networking',
+  '--disable-component-update',
+  '--disable-sync',
+  '--no-first-run',
+];
 
 export async function launchBrowser(): Promise<Browser> {
   mkdirSync(ARTEFACTS, { recursive: true });

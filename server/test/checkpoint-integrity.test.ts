@@ -65,7 +65,13 @@ describe('a damaged checkpoint file', () => {
     // The other file is whole and still downloads.
     expect((await download(server, api, c.id, 'adapter_config.json')).statusCode).toBe(200);
     expectDamaged(await api.post('/v1/loops/checkpoints/validate', { checkpoint_path: path }), path, c.id, 'adapter_model.safetensors', what);
-    expectDamaged(await api.post('/v1/loops/samplers', { session_id: run.session_id, base_model: run.base_model, model_path: path }), path, c.id, 'adapter_model.safetensors', what);
+    expectDamaged(
+      await api.post('/v1/loops/samplers', { session_id: run.session_id, base_model: run.base_model, model_path: path }),
+      path,
+      c.id,
+      'adapter_model.safetensors',
+      what,
+    );
   });
 
   it('a trainer checkpoint with a damaged optimizer file is refused by load_state at submission, not loaded done', async () => {
@@ -74,7 +80,8 @@ describe('a damaged checkpoint file', () => {
     const saved = await api.post(`/trainer/${run.id}/save_state`, { name: 'real' }, { 'idempotency-key': randomUUID() });
     expect(saved.status).toBe(200);
     let op: any;
-    do op = await api.get(`/trainer/${run.id}/operations/${saved.body.operation_id}`); while (op.status === 408 || op.body.status === 'pending' || op.body.status === 'running');
+    do op = await api.get(`/trainer/${run.id}/operations/${saved.body.operation_id}`);
+    while (op.status === 408 || op.body.status === 'pending' || op.body.status === 'running');
     expect(op.body.status, JSON.stringify(op.body)).toBe('done');
     const real = server.core.checkpoints.find(run.id, 'trainer', 'real')!;
     const optimizer = join(server.core.store.file, '..', 'checkpoints', real.id, 'optimizer.safetensors');
@@ -85,7 +92,13 @@ describe('a damaged checkpoint file', () => {
       expectDamaged(res, path, real.id, 'optimizer.safetensors', /bytes; the save wrote/);
     }
     // A new run from it is refused too.
-    expectDamaged(await api.post('/v1/loops/runs', { session_id: run.session_id, base_model: run.base_model, lora_rank: 16, path }), path, real.id, 'optimizer.safetensors', /bytes; the save wrote/);
+    expectDamaged(
+      await api.post('/v1/loops/runs', { session_id: run.session_id, base_model: run.base_model, lora_rank: 16, path }),
+      path,
+      real.id,
+      'optimizer.safetensors',
+      /bytes; the save wrote/,
+    );
     expect(c.files.every((f) => f.sha256?.length === 64)).toBe(true);
   });
 
@@ -113,6 +126,10 @@ describe('a damaged checkpoint file', () => {
     const { server, api, c } = await serverWithCheckpoint();
     const listed = (await api.get(`/v1/loops/checkpoints/${c.id}/files`)).body.presigned_urls.map((f: any) => f.relative_file_name);
     expect(listed).toEqual(['adapter_config.json', 'adapter_model.safetensors']);
-    expect(readdirSync(join(server.core.store.file, '..', 'checkpoints', c.id)).sort()).toEqual(['.loops-mock-checkpoint.json', 'adapter_config.json', 'adapter_model.safetensors']);
+    expect(readdirSync(join(server.core.store.file, '..', 'checkpoints', c.id)).sort()).toEqual([
+      '.loops-mock-checkpoint.json',
+      'adapter_config.json',
+      'adapter_model.safetensors',
+    ]);
   });
 });

@@ -10,15 +10,25 @@ import { client, fakeCheckpointFiles, newRun, REPO_ROOT, startTestServer } from 
 
 const CLI = join(REPO_ROOT, 'server', 'cli.ts');
 const dirs: string[] = [];
-afterEach(() => { for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true }); });
+afterEach(() => {
+  for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
+});
 
 /** Runs the CLI from source until it exits, or until it prints its variables (then it is stopped). */
 function runCli(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  const child = spawn(process.execPath, ['--import', 'tsx', CLI, '--port', '0', '--warm', 'none', ...args], { cwd: REPO_ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', CLI, '--port', '0', '--warm', 'none', ...args], {
+    cwd: REPO_ROOT,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let stdout = '';
   let stderr = '';
-  child.stdout.on('data', (d) => { stdout += d; if (stdout.includes(' listening on ')) child.kill('SIGTERM'); });
-  child.stderr.on('data', (d) => { stderr += d; });
+  child.stdout.on('data', (d) => {
+    stdout += d;
+    if (stdout.includes(' listening on ')) child.kill('SIGTERM');
+  });
+  child.stderr.on('data', (d) => {
+    stderr += d;
+  });
   return new Promise((resolve) => child.on('exit', (code) => resolve({ code, stdout, stderr })));
 }
 
@@ -63,7 +73,11 @@ describe('loops-mock on a data dir it cannot use', () => {
   it('a deleted database beside checkpoints: one line naming both; --data-dir-fresh then starts and says where the old state went', async () => {
     const { dataDir, id } = await dataDirWithCheckpoint();
     for (const f of ['loops-mock.sqlite', 'loops-mock.sqlite-wal', 'loops-mock.sqlite-shm']) rmSync(join(dataDir, f), { force: true });
-    expectOneLine(await runCli(['--data-dir', dataDir]), `${join(dataDir, 'loops-mock.sqlite')} is missing`, `${join(dataDir, 'checkpoints')} holds 1 checkpoint folder`);
+    expectOneLine(
+      await runCli(['--data-dir', dataDir]),
+      `${join(dataDir, 'loops-mock.sqlite')} is missing`,
+      `${join(dataDir, 'checkpoints')} holds 1 checkpoint folder`,
+    );
     expect(existsSync(join(dataDir, 'checkpoints', id))).toBe(true);
     const started = await runCli(['--data-dir', dataDir, '--data-dir-fresh']);
     expect(started.stdout).toMatch(new RegExp(`# --data-dir-fresh: the database and checkpoints that were in ${dataDir} are now in ${dataDir}/set-aside-`));

@@ -29,12 +29,18 @@ interface Started {
 
 /** Runs the CLI the way `npm start` does (from source through tsx) and waits for its printed variables. */
 function runCli(args: string[], env: Record<string, string> = {}): Started & { ready: Promise<void> } {
-  const child = spawn(process.execPath, ['--import', 'tsx', CLI, ...args], { cwd: REPO_ROOT, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', CLI, ...args], {
+    cwd: REPO_ROOT,
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   children.push(child);
   let stdout = '';
   let stderr = '';
   const vars: Record<string, string> = {};
-  child.stderr!.on('data', (d) => { stderr += d; });
+  child.stderr!.on('data', (d) => {
+    stderr += d;
+  });
   const exit = new Promise<{ code: number | null; stderr: string }>((resolve) => child.on('exit', (code) => resolve({ code, stderr })));
   const ready = new Promise<void>((resolve, reject) => {
     child.stdout!.on('data', (d) => {
@@ -54,8 +60,12 @@ function runCli(args: string[], env: Record<string, string> = {}): Started & { r
 }
 
 async function call(url: string, key: string, method = 'GET', body?: unknown) {
-  const res = await fetch(url, { method, headers: { authorization: `Bearer ${key}`, ...(body ? { 'content-type': 'application/json' } : {}) }, body: body ? JSON.stringify(body) : undefined });
-  return { status: res.status, body: await res.json() as any };
+  const res = await fetch(url, {
+    method,
+    headers: { authorization: `Bearer ${key}`, ...(body ? { 'content-type': 'application/json' } : {}) },
+    body: body ? JSON.stringify(body) : undefined,
+  });
+  return { status: res.status, body: (await res.json()) as any };
 }
 
 describe('the loops-mock command', () => {
@@ -64,12 +74,16 @@ describe('the loops-mock command', () => {
     dirs.push(dir);
     const cli = runCli(['serve', '--port', '0', '--write-env', join(dir, 'loops.env')]);
     await cli.ready;
-    expect(readFileSync(join(dir, 'loops.env'), 'utf8')).toBe(`${Object.entries(cli.vars).map(([k, v]) => `${k}=${v}`).join('\n')}\n`);
+    expect(readFileSync(join(dir, 'loops.env'), 'utf8')).toBe(
+      `${Object.entries(cli.vars)
+        .map(([k, v]) => `${k}=${v}`)
+        .join('\n')}\n`,
+    );
     // It holds BASETEN_API_KEY: owner-only.
     expect(statSync(join(dir, 'loops.env')).mode & 0o777).toBe(0o600);
     const health = await fetch(`${cli.vars.LOOPS_BASE_URL}/healthz`);
     // 200 while the default --warm model builds in the background too; engine says which.
-    const healthBody = await health.json() as { status: string; engine: string; version: string };
+    const healthBody = (await health.json()) as { status: string; engine: string; version: string };
     expect([health.status, healthBody.status, healthBody.version]).toEqual([200, 'ok', VERSION]);
     expect(['warming', 'ready']).toContain(healthBody.engine);
     expect(Object.keys(cli.vars)).toEqual(['LOOPS_BASE_URL', 'BASETEN_API_KEY', 'BASETEN_MANAGEMENT_API_URL_OVERRIDE', 'HF_ENDPOINT']);
@@ -98,9 +112,20 @@ describe('the loops-mock command', () => {
     expect(cli.vars.SSL_CERT_FILE).toBe(join(dir, 'ca', 'ca-bundle.pem'));
     expect(cli.vars.REQUESTS_CA_BUNDLE).toBe(cli.vars.SSL_CERT_FILE);
     expect(cli.vars.NODE_EXTRA_CA_CERTS).toBe(join(dir, 'ca', 'ca.pem'));
-    const curl = spawn('curl', ['-sS', '--proxy', cli.vars.HTTPS_PROXY!, '--cacert', cli.vars.NODE_EXTRA_CA_CERTS!, '-H', `Authorization: Bearer ${cli.vars.BASETEN_API_KEY}`, 'https://api.baseten.co/v1/loops/capabilities']);
+    const curl = spawn('curl', [
+      '-sS',
+      '--proxy',
+      cli.vars.HTTPS_PROXY!,
+      '--cacert',
+      cli.vars.NODE_EXTRA_CA_CERTS!,
+      '-H',
+      `Authorization: Bearer ${cli.vars.BASETEN_API_KEY}`,
+      'https://api.baseten.co/v1/loops/capabilities',
+    ]);
     let out = '';
-    curl.stdout.on('data', (d) => { out += d; });
+    curl.stdout.on('data', (d) => {
+      out += d;
+    });
     expect(await new Promise((r) => curl.on('close', r))).toBe(0);
     expect(JSON.parse(out).supported_models.length).toBeGreaterThan(0);
     cli.child.kill('SIGTERM');
@@ -108,7 +133,11 @@ describe('the loops-mock command', () => {
   });
 
   it('takes flags from LOOPS_MOCK_* variables, flags winning, and enforces --api-key', async () => {
-    const cli = runCli(['--api-key', 'secret:acme:ml'], { LOOPS_MOCK_PORT: '0', LOOPS_MOCK_PUBLIC_URL: 'http://mock.example:9000/', LOOPS_MOCK_API_KEY: 'ignored' });
+    const cli = runCli(['--api-key', 'secret:acme:ml'], {
+      LOOPS_MOCK_PORT: '0',
+      LOOPS_MOCK_PUBLIC_URL: 'http://mock.example:9000/',
+      LOOPS_MOCK_API_KEY: 'ignored',
+    });
     await cli.ready;
     expect(cli.vars.BASETEN_API_KEY).toBe('secret');
     expect(cli.vars.LOOPS_BASE_URL).toBe('http://mock.example:9000');
@@ -159,7 +188,7 @@ describe('the loops-mock command', () => {
       [['--clock', 'virtual'], '--clock virtual needs --admin'],
       [['--admin=maybe'], '--admin is a switch'],
       [['--admin', '--api-key', 'k1'], '--admin with --api-key needs --admin-token'],
-      [['--admin', '--scenario', 'no-such-scenario'], "no shipped scenario of that name"],
+      [['--admin', '--scenario', 'no-such-scenario'], 'no shipped scenario of that name'],
       [['--journal', '/no/such/dir/journal.ndjson'], 'cannot append'],
       [['--proxy', '--ca-dir', '/dev/null/ca'], 'cannot create the CA folder /dev/null/ca'],
       [['export-model', 'acme/Model-1', '/tmp/x'], "'acme/Model-1' is not a supported base model"],
@@ -183,7 +212,12 @@ describe('the loops-mock command', () => {
       const session = (await call(`${base}/v1/loops/sessions`, 'k', 'POST')).body.session.id;
       expect((await call(`${base}/v1/loops/runs`, 'k', 'POST', { session_id: session, base_model: 'Qwen/Qwen3.5-2B', lora_rank: 500 })).status).toBe(400);
       const run = (await call(`${base}/v1/loops/runs`, 'k', 'POST', { session_id: session, base_model: 'Qwen/Qwen3.5-2B', lora_rank: 4 })).body.run;
-      const forward = (await call(`${run.base_url}/forward`, 'k', 'POST', { data: [{ model_input: { chunks: [{ type: 'encoded_text', tokens: [1, 2, 3] }] } }], loss_fn: 'cross_entropy' })).body.operation_id;
+      const forward = (
+        await call(`${run.base_url}/forward`, 'k', 'POST', {
+          data: [{ model_input: { chunks: [{ type: 'encoded_text', tokens: [1, 2, 3] }] } }],
+          loss_fn: 'cross_entropy',
+        })
+      ).body.operation_id;
       expect((await call(`${run.base_url}/operations/${forward}`, 'k')).body.status).toBe('done');
       const op = (await call(`${run.base_url}/save_weights_for_sampler`, 'k', 'POST', { name: 'logged' })).body.operation_id;
       expect((await call(`${run.base_url}/operations/${op}`, 'k')).body.status).toBe('done');
@@ -191,9 +225,16 @@ describe('the loops-mock command', () => {
       cli.child.kill('SIGTERM');
       const { code, stderr } = await cli.exit;
       expect(code).toBe(0);
-      const lines = stderr.trim().split('\n').filter((l) => !/ExperimentalWarning|--trace-warnings/.test(l));
+      const lines = stderr
+        .trim()
+        .split('\n')
+        .filter((l) => !/ExperimentalWarning|--trace-warnings/.test(l));
       const messages = format === 'json' ? lines.map((l) => (JSON.parse(l) as { msg: string }).msg) : lines;
-      const has = (pattern: RegExp) => expect(messages.some((m) => pattern.test(m)), `${format}: ${pattern}\n${messages.join('\n')}`).toBe(true);
+      const has = (pattern: RegExp) =>
+        expect(
+          messages.some((m) => pattern.test(m)),
+          `${format}: ${pattern}\n${messages.join('\n')}`,
+        ).toBe(true);
       has(/POST \/v1\/loops\/sessions 200 [\d.]+ ms/);
       has(/POST \/v1\/loops\/runs 400 [\d.]+ ms invalid_request: lora_rank 500 is too large/);
       has(new RegExp(`Run ${run.id} .* started in session ${session}`));
@@ -207,7 +248,7 @@ describe('the loops-mock command', () => {
     }
   }, 60_000);
 
-  it('--warm builds in the background every graph a train-and-sample loop uses: none is built at a client\'s first steps', async () => {
+  it("--warm builds in the background every graph a train-and-sample loop uses: none is built at a client's first steps", async () => {
     const cli = runCli(['--port', '0', '--log-format', 'pretty']);
     await cli.ready;
     const warmed = /Qwen\/Qwen3\.5-2B: engine warm \(--warm\)/;
@@ -219,7 +260,10 @@ describe('the loops-mock command', () => {
     const session = (await call(`${base}/v1/loops/sessions`, 'k', 'POST')).body.session.id;
     const run = (await call(`${base}/v1/loops/runs`, 'k', 'POST', { session_id: session, base_model: 'Qwen/Qwen3.5-2B', lora_rank: 16 })).body.run;
     const tokens = Array.from({ length: 24 }, (_, i) => 100 + i);
-    const datum = { model_input: { chunks: [{ type: 'encoded_text', tokens }] }, loss_fn_inputs: { target_tokens: { data: tokens.map((t, i) => (i < 20 ? -100 : t + 1)), dtype: 'int64' } } };
+    const datum = {
+      model_input: { chunks: [{ type: 'encoded_text', tokens }] },
+      loss_fn_inputs: { target_tokens: { data: tokens.map((t, i) => (i < 20 ? -100 : t + 1)), dtype: 'int64' } },
+    };
     const op = async (name: string, body: unknown) => {
       const id = (await call(`${run.base_url}/${name}`, 'k', 'POST', body)).body.operation_id;
       expect((await call(`${run.base_url}/operations/${id}`, 'k')).body.status).toBe('done');
@@ -229,7 +273,11 @@ describe('the loops-mock command', () => {
     await op('optim_step', { adam_params: { learning_rate: 1e-3 } });
     await op('save_weights_for_sampler', { name: 'warm' });
     for (const temperature of [0, 1]) {
-      const res = await call(`${run.sampler.base_url}/sample`, 'k', 'POST', { prompt: { chunks: [{ type: 'encoded_text', tokens }] }, num_samples: 2, sampling_params: { max_tokens: 4, temperature } });
+      const res = await call(`${run.sampler.base_url}/sample`, 'k', 'POST', {
+        prompt: { chunks: [{ type: 'encoded_text', tokens }] },
+        num_samples: 2,
+        sampling_params: { max_tokens: 4, temperature },
+      });
       expect(res.status).toBe(200);
     }
     cli.child.kill('SIGTERM');
@@ -243,7 +291,8 @@ describe('the loops-mock command', () => {
     // In a copy of the checkout: rebuilding this one's dist/ would pull files from under the tests that run at the same time.
     const copy = mkdtempSync(join(tmpdir(), 'build-if-stale-'));
     dirs.push(copy);
-    for (const entry of ['bin', 'scripts', 'server', 'models', 'conformance', 'tsconfig.json', 'tsconfig.build.json', 'package.json']) cpSync(join(REPO_ROOT, entry), join(copy, entry), { recursive: true });
+    for (const entry of ['bin', 'scripts', 'server', 'models', 'conformance', 'tsconfig.json', 'tsconfig.build.json', 'package.json'])
+      cpSync(join(REPO_ROOT, entry), join(copy, entry), { recursive: true });
     symlinkSync(join(REPO_ROOT, 'node_modules'), join(copy, 'node_modules'));
     const check = () => spawnSync(process.execPath, [join(copy, 'scripts', 'build-if-stale.mjs')], { cwd: copy, encoding: 'utf8' });
     expect(check().stderr).toMatch(/building/); // no dist/ yet
@@ -263,9 +312,21 @@ describe('the loops-mock command', () => {
     dirs.push(dir);
     const cli = runCli(['export-model', 'Qwen/Qwen3.5-2B', join(dir, 'tiny')]);
     expect((await cli.exit).code).toBe(0);
-    expect(readdirSync(join(dir, 'tiny')).sort()).toEqual(['config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json']);
+    expect(readdirSync(join(dir, 'tiny')).sort()).toEqual([
+      'config.json',
+      'generation_config.json',
+      'model.safetensors',
+      'tokenizer.json',
+      'tokenizer_config.json',
+    ]);
     const config = JSON.parse(readFileSync(join(dir, 'tiny', 'config.json'), 'utf8'));
-    expect(config).toMatchObject({ architectures: ['LlamaForCausalLM'], num_hidden_layers: 2, hidden_size: 64, vocab_size: 151669, eos_token_id: [151643, 151645] });
+    expect(config).toMatchObject({
+      architectures: ['LlamaForCausalLM'],
+      num_hidden_layers: 2,
+      hidden_size: 64,
+      vocab_size: 151669,
+      eos_token_id: [151643, 151645],
+    });
     const { tensors } = decodeSafetensors(readFileSync(join(dir, 'tiny', 'model.safetensors')));
     expect(tensors.get('model.embed_tokens.weight')!.shape).toEqual([151669, 64]);
     expect(tensors.get('model.layers.1.mlp.down_proj.weight')!.shape).toEqual([64, 128]);
@@ -301,7 +362,15 @@ describe('the loops-mock command', () => {
 describe('option parsing', () => {
   it('reads --flag value and --flag=value, repeatable keys, env fallbacks', () => {
     const o = parseOptions(['--port=9000', '--api-key', 'a:org1', '--api-key=b:org1:team'], { LOOPS_MOCK_HOST: '0.0.0.0', LOOPS_MOCK_COLD_START_MS: '250' });
-    expect(o).toMatchObject({ port: 9000, host: '0.0.0.0', coldStartMs: 250, apiKeys: [{ key: 'a', org: 'org1' }, { key: 'b', org: 'org1', team: 'team' }] });
+    expect(o).toMatchObject({
+      port: 9000,
+      host: '0.0.0.0',
+      coldStartMs: 250,
+      apiKeys: [
+        { key: 'a', org: 'org1' },
+        { key: 'b', org: 'org1', team: 'team' },
+      ],
+    });
     expect(parseOptions([], { LOOPS_MOCK_API_KEY: 'x,y' }).apiKeys.map((k) => k.key)).toEqual(['x', 'y']);
     expect(() => parseOptions(['--port', '70000'])).toThrow(ConfigError);
     // --warm takes supported base models, or none; anything else names the flag and the models it takes.
@@ -324,7 +393,11 @@ describe('option parsing', () => {
     expect(parseOptions(['--admin=true']).admin).toBe(true);
     expect(parseOptions(['--admin=false'], { LOOPS_MOCK_ADMIN: '1' }).admin).toBe(false);
     expect(parseOptions([], { LOOPS_MOCK_ADMIN: '1' }).admin).toBe(true);
-    expect(parseOptions(['--clock', 'virtual', '--admin-token', 't', '--fault-seed', '9'])).toMatchObject({ clockMode: 'virtual', adminToken: 't', faultSeed: 9 });
+    expect(parseOptions(['--clock', 'virtual', '--admin-token', 't', '--fault-seed', '9'])).toMatchObject({
+      clockMode: 'virtual',
+      adminToken: 't',
+      faultSeed: 9,
+    });
   });
 
   it('reads no variable whose flag is given: a bad LOOPS_MOCK_PORT does not block --port (issue 28)', () => {
@@ -342,7 +415,7 @@ describe('option parsing', () => {
     expect(parseOptions([], { LOOPS_MOCK_EXIT_WITH_PARENT: '1' }).exitWithParent).toBe(true);
   });
 
-  it('--version names the mock\'s version and the Loops API version it tracks', () => {
+  it("--version names the mock's version and the Loops API version it tracks", () => {
     const run = spawnSync(process.execPath, ['--import', 'tsx', CLI, '--version'], { cwd: REPO_ROOT, encoding: 'utf8' });
     expect([run.status, run.stdout]).toEqual([0, `loops-mock ${VERSION} (tracks the Baseten Loops API ${LOOPS_API_VERSION})\n`]);
   });

@@ -130,7 +130,11 @@ describe('runs', () => {
     const wrongModel = await api.post('/v1/loops/runs', { session_id: sessionId, base_model: 'Qwen/Qwen3-8B', path: `bt://loops:${source.id}/weights/step-1` });
     expect(wrongModel.status).toBe(400);
     expect(wrongModel.body.error.message).toContain('Qwen/Qwen3.5-2B');
-    const samplerPath = await api.post('/v1/loops/runs', { session_id: sessionId, base_model: 'Qwen/Qwen3.5-2B', path: `bt://loops:${source.id}/sampler_weights/step-1` });
+    const samplerPath = await api.post('/v1/loops/runs', {
+      session_id: sessionId,
+      base_model: 'Qwen/Qwen3.5-2B',
+      path: `bt://loops:${source.id}/sampler_weights/step-1`,
+    });
     expect(samplerPath.status).toBe(400);
     expect(samplerPath.body.error.message).toContain('trainer checkpoint');
   });
@@ -174,7 +178,12 @@ describe('samplers', () => {
     const path = `bt://loops:${run.id}/sampler_weights/final`;
     const first = await api.post('/v1/loops/samplers', { session_id: run.session_id, base_model: run.base_model, model_path: path });
     expect(first.status).toBe(200);
-    const reused = await api.post('/v1/loops/samplers', { session_id: await newSession(api), base_model: run.base_model, model_path: path, reuse_from_session_id: run.session_id });
+    const reused = await api.post('/v1/loops/samplers', {
+      session_id: await newSession(api),
+      base_model: run.base_model,
+      model_path: path,
+      reuse_from_session_id: run.session_id,
+    });
     expect(reused.body.sampler.id).toBe(first.body.sampler.id);
   });
 
@@ -218,8 +227,19 @@ describe('checkpoints', () => {
     const byRun = await api.get(`/v1/loops/checkpoints?run_id=${run.id}`);
     expect(byRun.body.checkpoints.map((c: any) => c.id).sort()).toEqual([trainer.id, sampler.id].sort());
     const t = byRun.body.checkpoints.find((c: any) => c.target === 'trainer');
-    expect(t).toMatchObject({ checkpoint_id: 'final', checkpoint_type: 'lora', base_model: run.base_model, run_id: run.id, sync_status: null, lora_adapter_config: { r: 16 } });
-    expect(byRun.body.checkpoints.find((c: any) => c.target === 'sampler')).toMatchObject({ checkpoint_id: 'final', checkpoint_type: 'lora', sync_status: null });
+    expect(t).toMatchObject({
+      checkpoint_id: 'final',
+      checkpoint_type: 'lora',
+      base_model: run.base_model,
+      run_id: run.id,
+      sync_status: null,
+      lora_adapter_config: { r: 16 },
+    });
+    expect(byRun.body.checkpoints.find((c: any) => c.target === 'sampler')).toMatchObject({
+      checkpoint_id: 'final',
+      checkpoint_type: 'lora',
+      sync_status: null,
+    });
     expect(t.id).toMatch(/^[A-Za-z0-9]{7}$/);
     expect(t.size_bytes).toBe(fakeCheckpointFiles(2).reduce((s, f) => s + f.data.byteLength, 0));
     expect((await api.get(`/v1/loops/checkpoints?base_model=${run.base_model}`)).body.checkpoints).toHaveLength(2);
@@ -283,7 +303,9 @@ describe('checkpoints', () => {
     const again = server.core.checkpoints.save(server.core.fleet.findRun(run.id)!, 'trainer', 'final', fakeCheckpointFiles(3), null);
     expect(again.id).toBe(trainer.id);
     expect((await api.get(`/v1/loops/checkpoints/${trainer.id}/files`)).body.total_count).toBe(3);
-    expect(() => server.core.checkpoints.save(server.core.fleet.findRun(run.id)!, 'trainer', '../escape', fakeCheckpointFiles(), null)).toThrow(/safe checkpoint name/);
+    expect(() => server.core.checkpoints.save(server.core.fleet.findRun(run.id)!, 'trainer', '../escape', fakeCheckpointFiles(), null)).toThrow(
+      /safe checkpoint name/,
+    );
   });
 });
 
@@ -293,7 +315,14 @@ describe('deployments', () => {
     const list = await api.get('/v1/loops/deployments');
     expect(list.body.deployments).toHaveLength(1);
     const d = list.body.deployments[0];
-    expect(d).toMatchObject({ id: run.deployment_id, active_run_id: run.id, latest_run_id: run.id, base_model: run.base_model, base_url: run.base_url, status: { name: 'RUNNING' } });
+    expect(d).toMatchObject({
+      id: run.deployment_id,
+      active_run_id: run.id,
+      latest_run_id: run.id,
+      base_model: run.base_model,
+      base_url: run.base_url,
+      status: { name: 'RUNNING' },
+    });
     expect(d.sampler.id).toBe(run.sampler.id);
     expect((await api.get(`/v1/loops/deployments/${d.id}`)).body.deployment.id).toBe(d.id);
 
@@ -310,7 +339,11 @@ describe('deployments', () => {
     expect((await api.get(`/v1/loops/deployments/${d.id}/logs?limit=0`)).status).toBe(400);
     expect((await api.get(`/v1/loops/deployments/${d.id}/logs?min_level=TRACE`)).status).toBe(400);
 
-    const metrics = await api.post(`/v1/loops/deployments/${d.id}/metrics`, { step_seconds: 60, start_epoch_millis: Date.now() - 120_000, end_epoch_millis: Date.now() + 1000 });
+    const metrics = await api.post(`/v1/loops/deployments/${d.id}/metrics`, {
+      step_seconds: 60,
+      start_epoch_millis: Date.now() - 120_000,
+      end_epoch_millis: Date.now() + 1000,
+    });
     expect(metrics.status).toBe(200);
     const volume = metrics.body.metrics.inference_volume_by_status;
     const total4xx = volume.reduce((s: number, p: any) => s + p.status_4xx * 60, 0);
@@ -334,7 +367,12 @@ describe('account routes', () => {
     const res = await api.get('/v1/loops/capabilities');
     const models = res.body.supported_models;
     expect(models).toHaveLength(19);
-    expect(models.find((m: any) => m.model_name === 'Qwen/Qwen3-0.6B')).toEqual({ model_name: 'Qwen/Qwen3-0.6B', max_context_length: 8192, supports_vision_language: false, serverless: false });
+    expect(models.find((m: any) => m.model_name === 'Qwen/Qwen3-0.6B')).toEqual({
+      model_name: 'Qwen/Qwen3-0.6B',
+      max_context_length: 8192,
+      supports_vision_language: false,
+      serverless: false,
+    });
   });
 
   it('patches user_config with JSON merge patch semantics', async () => {
@@ -364,7 +402,12 @@ describe('account routes', () => {
 
 describe('every response', () => {
   it('carries the version header, on success, on errors and on unknown routes', async () => {
-    for (const res of [await api.get('/v1/loops/capabilities'), await api.get('/v1/loops/runs/none'), await api.get('/nowhere'), await client(server, null).get('/v1/loops/runs')]) {
+    for (const res of [
+      await api.get('/v1/loops/capabilities'),
+      await api.get('/v1/loops/runs/none'),
+      await api.get('/nowhere'),
+      await client(server, null).get('/v1/loops/runs'),
+    ]) {
       expect(res.headers['x-loops-mock-version']).toBe(VERSION);
     }
   });
@@ -372,15 +415,22 @@ describe('every response', () => {
   it('serves an OpenAPI document listing every control-plane route', async () => {
     const doc = (await api.get('/openapi.json')).body;
     expect(doc.openapi).toBe('3.1.0');
-    expect(Object.keys(doc.paths)).toEqual(expect.arrayContaining([
-      '/v1/loops/runs', '/v1/loops/runs/{run_id}', '/v1/teams/{team_id}/loops/trainers', '/v1/models/{model_id}/deployments/{deployment_id}/deactivate',
-    ]));
+    expect(Object.keys(doc.paths)).toEqual(
+      expect.arrayContaining([
+        '/v1/loops/runs',
+        '/v1/loops/runs/{run_id}',
+        '/v1/teams/{team_id}/loops/trainers',
+        '/v1/models/{model_id}/deployments/{deployment_id}/deactivate',
+      ]),
+    );
     expect(doc.paths['/v1/loops/runs'].post.requestBody.content['application/json'].schema.required).toEqual(['session_id', 'base_model']);
   });
 
   it('gives every operation a unique operationId and declares the headers the protocol relies on', async () => {
     const doc = (await api.get('/openapi.json')).body;
-    const operations = Object.entries<Record<string, any>>(doc.paths).flatMap(([path, item]) => Object.entries<any>(item).map(([method, op]) => ({ path, method, op })));
+    const operations = Object.entries<Record<string, any>>(doc.paths).flatMap(([path, item]) =>
+      Object.entries<any>(item).map(([method, op]) => ({ path, method, op })),
+    );
     expect(operations.length).toBeGreaterThan(50);
     const ids = operations.map((o) => o.op.operationId);
     expect(ids.every((id) => typeof id === 'string' && /^[a-z][A-Za-z0-9]+$/.test(id))).toBe(true);

@@ -11,8 +11,12 @@ import { http, startTestServer, wireDatum } from './helpers.js';
 let browser: Browser;
 let server: RunningServer | undefined;
 let page: Page | undefined;
-beforeAll(async () => { browser = await launchBrowser(); });
-afterAll(async () => { await browser?.close(); });
+beforeAll(async () => {
+  browser = await launchBrowser();
+});
+afterAll(async () => {
+  await browser?.close();
+});
 afterEach(async () => {
   await page?.close();
   page = undefined;
@@ -56,10 +60,17 @@ describe('the dashboard', () => {
     page = await browser.newPage();
     const run = await newRun(http(server.url));
     // Three optim_steps whose norms differ past the third significant digit, as the history records them.
-    [14.2961, 14.3003, 14.3042].forEach((grad_norm, i) => server!.core.history.operationFinished({
-      id: `op-${i}`, runId: run.id, op: 'optim_step', status: 'done', submittedAt: 0, finishedAt: 1,
-      result: { policy_version: i + 1, metrics: { grad_norm, learning_rate: 1e-4 } },
-    } as Operation));
+    [14.2961, 14.3003, 14.3042].forEach((grad_norm, i) =>
+      server!.core.history.operationFinished({
+        id: `op-${i}`,
+        runId: run.id,
+        op: 'optim_step',
+        status: 'done',
+        submittedAt: 0,
+        finishedAt: 1,
+        result: { policy_version: i + 1, metrics: { grad_norm, learning_rate: 1e-4 } },
+      } as Operation),
+    );
 
     await page.goto(`${server.url}/_mock/ui#/run/${run.id}`);
     await page.locator('#grad-chart .tick-y').first().waitFor();

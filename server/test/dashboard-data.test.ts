@@ -7,7 +7,10 @@ import { http, startTestServer, wireDatum } from './helpers.js';
 // The dashboard's data routes without a browser: their contract, their refusals, and the history they read.
 
 let server: RunningServer | undefined;
-afterEach(async () => { await server?.close(); server = undefined; });
+afterEach(async () => {
+  await server?.close();
+  server = undefined;
+});
 
 async function start(options: StartOptions = {}) {
   server = await startTestServer(options);
@@ -63,7 +66,9 @@ describe('the dashboard data routes', () => {
       for (const m of res.body.matchAll(/^import .* from '\.\/([\w-]+\.js)';$/gm)) pending.push(m[1]!);
     }
     // One module per view, the charts, the poll loop and the data routes: not one script.
-    expect([...seen].sort()).toEqual(expect.arrayContaining(['charts.js', 'live.js', 'view-journal.js', 'view-models.js', 'view-rules.js', 'view-runs.js', 'view-samplers.js']));
+    expect([...seen].sort()).toEqual(
+      expect.arrayContaining(['charts.js', 'live.js', 'view-journal.js', 'view-models.js', 'view-rules.js', 'view-runs.js', 'view-samplers.js']),
+    );
     expect((await get('/_mock/ui/ticks.d.ts')).status).toBe(404);
   });
 
@@ -122,9 +127,16 @@ describe('the dashboard data routes', () => {
 });
 
 describe('the run history the dashboard charts', () => {
-  const op = (runId: string, name: string, result: unknown, status: Operation['status'] = 'done'): Operation => ({
-    id: `op-${Math.random()}`, runId, op: name, status, result, submittedAt: 0, finishedAt: 5,
-  } as unknown as Operation);
+  const op = (runId: string, name: string, result: unknown, status: Operation['status'] = 'done'): Operation =>
+    ({
+      id: `op-${Math.random()}`,
+      runId,
+      op: name,
+      status,
+      result,
+      submittedAt: 0,
+      finishedAt: 5,
+    }) as unknown as Operation;
 
   it('gives each loss the step it was computed at, an optim_step the step it advanced from, and keeps the newest 5000 events', () => {
     let step = 0;
@@ -139,7 +151,13 @@ describe('the run history the dashboard charts', () => {
     history.operationFinished(op('r', 'load_state_with_optimizer', { path: 'bt://loops:r/weights/a' }));
     history.operationFinished(op('r', 'forward_backward', { loss: 2.5 }));
     expect(history.ofRun('r').map((e) => [e.op, e.step, e.loss ?? null])).toEqual([
-      ['forward_backward', 0, 3], ['optim_step', 0, null], ['forward_backward', 1, 2], ['optim_step', 1, null], ['forward', 1, 1.5], ['load_state_with_optimizer', 7, null], ['forward_backward', 7, 2.5],
+      ['forward_backward', 0, 3],
+      ['optim_step', 0, null],
+      ['forward_backward', 1, 2],
+      ['optim_step', 1, null],
+      ['forward', 1, 1.5],
+      ['load_state_with_optimizer', 7, null],
+      ['forward_backward', 7, 2.5],
     ]);
     expect(history.ofRun('r')[1]).toMatchObject({ grad_norm: 2, learning_rate: 1e-4, policy_version: 1, duration_ms: 5 });
     expect(history.ofRun('r')[3]).toMatchObject({ status: 'error' });

@@ -29,7 +29,12 @@ async function start(options: StartOptions = {}) {
   server = await startTestServer({ engines, ...options });
   const s = server;
   const call = async (method: string, url: string, body?: unknown) => {
-    const res = await s.app.inject({ method: method as 'GET', url, headers: { authorization: 'Bearer dashboard-models', ...(body === undefined ? {} : { 'content-type': 'application/json' }) }, payload: body === undefined ? undefined : JSON.stringify(body) });
+    const res = await s.app.inject({
+      method: method as 'GET',
+      url,
+      headers: { authorization: 'Bearer dashboard-models', ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+      payload: body === undefined ? undefined : JSON.stringify(body),
+    });
     return { status: res.statusCode, body: res.json() as any };
   };
   const op = async (trainer: string, name: string, body: unknown) => {
@@ -70,9 +75,16 @@ describe('the dashboard lists checkpoints deployed to inference', () => {
     expect(rest).toEqual([]);
     expect(row).toEqual({ ...d, instance_type_id: 'H100:1x', created_at: new Date(clock.now()).toISOString() });
     expect(row).toMatchObject({
-      model_name: 'support tickets', base_model: MODEL, status: 'BUILDING',
+      model_name: 'support tickets',
+      base_model: MODEL,
+      status: 'BUILDING',
       checkpoints: [{ checkpoint_id: 'step-1', model: 'step-1' }],
-      inference: { base_url: `${root}/v1`, chat_completions: `${root}/v1/chat/completions`, completions: `${root}/v1/completions`, models: `${root}/v1/models` },
+      inference: {
+        base_url: `${root}/v1`,
+        chat_completions: `${root}/v1/chat/completions`,
+        completions: `${root}/v1/completions`,
+        models: `${root}/v1/models`,
+      },
     });
     const seen = [];
     for (let i = 0; i < 3; i++) {
@@ -96,7 +108,12 @@ describe('the dashboard lists checkpoints deployed to inference', () => {
     const d = await c.deploy('step-1', 'proxied');
     const root = `https://model-${d.model_id}.api.baseten.co/deployment/${d.deployment_id}/sync`;
     const [row] = await c.models();
-    expect(row.inference).toEqual({ base_url: `${root}/v1`, chat_completions: `${root}/v1/chat/completions`, completions: `${root}/v1/completions`, models: `${root}/v1/models` });
+    expect(row.inference).toEqual({
+      base_url: `${root}/v1`,
+      chat_completions: `${root}/v1/chat/completions`,
+      completions: `${root}/v1/completions`,
+      models: `${root}/v1/models`,
+    });
     expect(row.inference).toEqual(d.inference);
   }, 120_000);
 

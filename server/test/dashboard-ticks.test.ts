@@ -13,8 +13,20 @@ describe('tick labels', () => {
 
   it('are distinct, say each tick as it is, share one number of digits and stay short, across scales', () => {
     const ranges: [number, number, boolean?][] = [
-      [14.2961, 14.3042], [100.01, 100.02], [0.5, 3.2], [0, 1], [-0.2, 0.3], [2.5, 2.5], [0.00123, 0.00131],
-      [1e-4, 1e-4], [9e-6, 1.3e-5], [0, 2e-5], [1_234_567, 1_300_000], [0, 7, true], [3, 3, true], [0.999_999_1, 0.999_999_9],
+      [14.2961, 14.3042],
+      [100.01, 100.02],
+      [0.5, 3.2],
+      [0, 1],
+      [-0.2, 0.3],
+      [2.5, 2.5],
+      [0.00123, 0.00131],
+      [1e-4, 1e-4],
+      [9e-6, 1.3e-5],
+      [0, 2e-5],
+      [1_234_567, 1_300_000],
+      [0, 7, true],
+      [3, 3, true],
+      [0.999_999_1, 0.999_999_9],
     ];
     for (const [min, max, integer] of ranges) {
       const { ticks } = niceTicks(min, max, 5, integer);

@@ -12,18 +12,30 @@ import { http, startTestServer, wireDatum } from './helpers.js';
 
 const MODEL = 'Qwen/Qwen3.5-2B';
 const tok = new EnginePool().tokenizers.get(MODEL);
-const ticketData = (list: [string, string][]) => list.map(([t, l]) => { const d = datum(tok, t, l); return wireDatum(d.tokens, d.targetTokens!); });
+const ticketData = (list: [string, string][]) =>
+  list.map(([t, l]) => {
+    const d = datum(tok, t, l);
+    return wireDatum(d.tokens, d.targetTokens!);
+  });
 const trainSet = ticketData(TICKETS.slice(0, 4));
 const evalSet = ticketData(EVAL_TICKETS.slice(0, 2));
 const ce = (data: unknown[]) => ({ data, loss_fn: 'cross_entropy' });
-const sampleBody = { prompt: { chunks: [{ type: 'encoded_text', tokens: tok.encode(prompt(TICKETS[0]![0])) }] }, num_samples: 1, sampling_params: { max_tokens: 4, temperature: 1, seed: 3 } };
+const sampleBody = {
+  prompt: { chunks: [{ type: 'encoded_text', tokens: tok.encode(prompt(TICKETS[0]![0])) }] },
+  num_samples: 1,
+  sampling_params: { max_tokens: 4, temperature: 1, seed: 3 },
+};
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 let browser: Browser;
 let server: RunningServer | undefined;
 let page: Page | undefined;
-beforeAll(async () => { browser = await launchBrowser(); });
-afterAll(async () => { await browser?.close(); });
+beforeAll(async () => {
+  browser = await launchBrowser();
+});
+afterAll(async () => {
+  await browser?.close();
+});
 afterEach(async () => {
   await page?.close();
   page = undefined;
@@ -79,7 +91,9 @@ describe('the dashboard after a campaign round over HTTP', () => {
     // Train losses: one point per step (steps 0 and 1); evals before and after training (steps 0 and 2).
     const steps = await page.locator('#loss-chart .point-train').evaluateAll((els) => els.map((e) => Number(e.getAttribute('data-step'))));
     expect(steps).toEqual([0, 1]);
-    const evals = await page.locator('#loss-chart .point-eval').evaluateAll((els) => els.map((e) => [Number(e.getAttribute('data-step')), Number(e.getAttribute('data-value'))]));
+    const evals = await page
+      .locator('#loss-chart .point-eval')
+      .evaluateAll((els) => els.map((e) => [Number(e.getAttribute('data-step')), Number(e.getAttribute('data-value'))]));
     expect(evals.map(([s]) => s)).toEqual([0, 2]);
     expect(evals[1]![1]).toBeLessThan(evals[0]![1]!);
     expect(await count(page, '#grad-chart .point-grad')).toBe(2);
@@ -117,10 +131,14 @@ describe('the dashboard after a campaign round over HTTP', () => {
     expect(paths).toContain(`${trainer}/forward_backward`);
     expect(paths.some((p) => p.startsWith('/_mock/'))).toBe(false);
     await page.locator('#filter-surface').selectOption('control');
-    await page.waitForFunction(() => {
-      const cells = [...document.querySelectorAll('#journal-table tbody tr td:nth-child(3)')].map((td) => td.textContent);
-      return cells.length > 0 && cells.every((c) => c === 'control');
-    }, undefined, { timeout: 10_000 });
+    await page.waitForFunction(
+      () => {
+        const cells = [...document.querySelectorAll('#journal-table tbody tr td:nth-child(3)')].map((td) => td.textContent);
+        return cells.length > 0 && cells.every((c) => c === 'control');
+      },
+      undefined,
+      { timeout: 10_000 },
+    );
     const firstRow = page.locator('#journal-table tbody tr').last();
     await firstRow.focus();
     await page.keyboard.press('Enter');
@@ -174,12 +192,20 @@ describe('the sampler timeline under the lagging-replica scenario', () => {
       const x = (el: Element) => (el as SVGGraphicsElement).getBBox().x + (el as SVGGraphicsElement).getBBox().width / 2;
       const replica0 = document.querySelector('#timeline .replica-line[data-replica="0"]') as SVGPathElement;
       const step = /L([\d.]+),[\d.]+ L\1,/.exec(replica0.getAttribute('d')!)!;
-      return { refused: [...document.querySelectorAll('#timeline .req-408')].map(x), served: x(document.querySelector('#timeline .req-ok')!), live: Number(step[1]) };
+      return {
+        refused: [...document.querySelectorAll('#timeline .req-408')].map(x),
+        served: x(document.querySelector('#timeline .req-ok')!),
+        live: Number(step[1]),
+      };
     });
     expect(Math.max(...xs.refused)).toBeLessThanOrEqual(xs.live + 1);
     expect(xs.served).toBeGreaterThanOrEqual(xs.live - 1);
     // Replica 1 lags further (6 s): the page shows it catch up without a reload.
-    await page.waitForFunction(() => document.querySelector('#timeline .replica-line[data-replica="1"]')?.getAttribute('data-live-version') === '1', undefined, { timeout: 15_000 });
+    await page.waitForFunction(
+      () => document.querySelector('#timeline .replica-line[data-replica="1"]')?.getAttribute('data-live-version') === '1',
+      undefined,
+      { timeout: 15_000 },
+    );
     await shot(page, 'sampler-timeline');
 
     // The scenario is shown; a fault rule added from the page acts on the server and is removed from it.
@@ -215,7 +241,10 @@ describe('the controls with --admin and a virtual clock', () => {
     const before = clock.now();
     await page.locator('#clock-ms').fill('60000');
     await page.locator('#advance-clock').click();
-    await page.locator('#control-result').getByText(/Advance the clock 60000 ms: done/).waitFor();
+    await page
+      .locator('#control-result')
+      .getByText(/Advance the clock 60000 ms: done/)
+      .waitFor();
     expect(clock.now() - before).toBe(60_000);
     expect(await page.locator('#server-facts').innerText()).toMatch(/clock virtual/);
   }, 60_000);

@@ -6,7 +6,10 @@ import type { RunningServer } from '../index.js';
 import { client, fakeCheckpointFiles, newRun, startTestServer } from './helpers.js';
 
 let server: RunningServer | undefined;
-afterEach(async () => { await server?.close(); server = undefined; });
+afterEach(async () => {
+  await server?.close();
+  server = undefined;
+});
 
 const mode = (path: string) => statSync(path).mode & 0o777;
 

@@ -20,8 +20,16 @@ afterEach(async () => {
   for (const s of servers.splice(0)) await s.close();
   for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
 });
-const tempDir = () => { const d = mkdtempSync(join(tmpdir(), 'loops-mock-datadir-')); dirs.push(d); return d; };
-const start = async (options: Parameters<typeof startTestServer>[0]) => { const s = await startTestServer(options); servers.push(s); return s; };
+const tempDir = () => {
+  const d = mkdtempSync(join(tmpdir(), 'loops-mock-datadir-'));
+  dirs.push(d);
+  return d;
+};
+const start = async (options: Parameters<typeof startTestServer>[0]) => {
+  const s = await startTestServer(options);
+  servers.push(s);
+  return s;
+};
 
 const KEY = 'owner-key';
 
@@ -42,7 +50,10 @@ function removeDatabase(dataDir: string): void {
 
 async function refusal(dataDir: string): Promise<string> {
   const err = await startTestServer({ dataDir }).then(
-    (s) => { servers.push(s); throw new Error('the server started'); },
+    (s) => {
+      servers.push(s);
+      throw new Error('the server started');
+    },
     (e: unknown) => e,
   );
   expect(err).toBeInstanceOf(DataDirError);
@@ -64,8 +75,24 @@ async function download(server: RunningServer, id: string, file = 'adapter_model
 describe('a missing or unusable database beside checkpoint folders', () => {
   it.each([
     ['missing', (d: string) => removeDatabase(d), 'is missing'],
-    ['0 bytes', (d: string) => { removeDatabase(d); writeFileSync(join(d, 'loops-mock.sqlite'), ''); }, 'is empty (0 bytes)'],
-    ['table-less', (d: string) => { removeDatabase(d); const db = new Database(join(d, 'loops-mock.sqlite')); db.exec('CREATE TABLE other (x)'); db.close(); }, 'has no records table'],
+    [
+      '0 bytes',
+      (d: string) => {
+        removeDatabase(d);
+        writeFileSync(join(d, 'loops-mock.sqlite'), '');
+      },
+      'is empty (0 bytes)',
+    ],
+    [
+      'table-less',
+      (d: string) => {
+        removeDatabase(d);
+        const db = new Database(join(d, 'loops-mock.sqlite'));
+        db.exec('CREATE TABLE other (x)');
+        db.close();
+      },
+      'has no records table',
+    ],
   ])('(%s) refuses the start with one line naming the database and the checkpoints, and removes nothing', async (_, damage, why) => {
     const saved = await savedCheckpoint();
     damage(saved.dataDir);
@@ -82,7 +109,9 @@ describe('a missing or unusable database beside checkpoint folders', () => {
     const saved = await savedCheckpoint();
     removeDatabase(saved.dataDir);
     const server = await start({ dataDir: saved.dataDir, rebuildRecords: true });
-    expect(server.notes.join('\n')).toContain(`1 checkpoint record rebuilt from ${join(saved.dataDir, 'checkpoints')}: ${saved.id} (sampler 'final' of run ${saved.runId})`);
+    expect(server.notes.join('\n')).toContain(
+      `1 checkpoint record rebuilt from ${join(saved.dataDir, 'checkpoints')}: ${saved.id} (sampler 'final' of run ${saved.runId})`,
+    );
     const api = client(server, KEY);
     expect((await api.get(`/v1/loops/checkpoints?run_id=${saved.runId}`)).body.checkpoints.map((c: any) => c.id)).toEqual([saved.id]);
     expect((await api.post('/v1/loops/checkpoints/validate', { checkpoint_path: `bt://loops:${saved.runId}/sampler_weights/final` })).status).toBe(200);
@@ -164,7 +193,9 @@ describe('the checkpoints folder at start, with its database', () => {
     expect(readFileSync(join(root, '.my-draft.partial'), 'utf8')).toBe('draft');
     expect(existsSync(join(root, 'notes'))).toBe(true);
     expect(server.notes).toHaveLength(1);
-    expect(server.notes[0]).toContain(`${root} holds 5 entries no record names, kept and not served: .my-draft.partial, .notes.saving, Abc1234, notes, notes.txt`);
+    expect(server.notes[0]).toContain(
+      `${root} holds 5 entries no record names, kept and not served: .my-draft.partial, .notes.saving, Abc1234, notes, notes.txt`,
+    );
     expect((await download(server, saved.id)).statusCode).toBe(200);
   });
 
@@ -215,7 +246,10 @@ describe('the checkpoints folder at start, with its database', () => {
     const manifest = JSON.parse(readFileSync(join(saved.folder, MANIFEST_FILE), 'utf8'));
     expect(manifest.format).toBe('loops-mock-checkpoint/1');
     expect(manifest.record).toMatchObject({ id: saved.id, run_id: saved.runId, target: 'sampler', name: 'final' });
-    expect(manifest.record.files.map((f: any) => [f.relative_file_name, f.size_bytes, f.sha256.length])).toEqual([['adapter_config.json', expect.any(Number), 64], ['adapter_model.safetensors', 1024, 64]]);
+    expect(manifest.record.files.map((f: any) => [f.relative_file_name, f.size_bytes, f.sha256.length])).toEqual([
+      ['adapter_config.json', expect.any(Number), 64],
+      ['adapter_model.safetensors', 1024, 64],
+    ]);
   });
 
   it('a truncated manifest leaves the folder kept and reported by --rebuild-records, not rebuilt', async () => {

@@ -21,14 +21,23 @@ export interface DeployedCheckpoint {
  */
 export async function deployTrainedCheckpoint(server: RunningServer, baseModel: string, maxTokens = 8): Promise<DeployedCheckpoint> {
   const call = async (method: string, url: string, body?: unknown) => {
-    const res = await server.app.inject({ method: method as 'POST', url, headers: { authorization: `Bearer ${server.apiKey}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) }, payload: body === undefined ? undefined : JSON.stringify(body) });
+    const res = await server.app.inject({
+      method: method as 'POST',
+      url,
+      headers: { authorization: `Bearer ${server.apiKey}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+      payload: body === undefined ? undefined : JSON.stringify(body),
+    });
     if (res.statusCode !== 200) throw new Error(`${method} ${url}: ${res.statusCode} ${res.body}`);
     return res.json();
   };
   const op = async (path: string, body: unknown) => {
     const { operation_id } = await call('POST', path, body);
     for (;;) {
-      const res = await server.app.inject({ method: 'GET', url: `${path.replace(/\/[^/]+$/, '')}/operations/${operation_id}`, headers: { authorization: `Bearer ${server.apiKey}` } });
+      const res = await server.app.inject({
+        method: 'GET',
+        url: `${path.replace(/\/[^/]+$/, '')}/operations/${operation_id}`,
+        headers: { authorization: `Bearer ${server.apiKey}` },
+      });
       if (res.statusCode === 408) continue;
       const r = res.json();
       if (r.status !== 'done') throw new Error(res.body);
@@ -41,29 +50,57 @@ export async function deployTrainedCheckpoint(server: RunningServer, baseModel: 
   const trainer = `/trainer/${run.id}`;
   const data = TICKETS.slice(0, 2).map(([t, l]) => {
     const d = datum(tok, t, l);
-    return { model_input: { chunks: [{ type: 'encoded_text', tokens: d.tokens }] }, loss_fn_inputs: { target_tokens: { data: d.targetTokens, dtype: 'int64' } } };
+    return {
+      model_input: { chunks: [{ type: 'encoded_text', tokens: d.tokens }] },
+      loss_fn_inputs: { target_tokens: { data: d.targetTokens, dtype: 'int64' } },
+    };
   });
   await op(`${trainer}/forward_backward`, { data, loss_fn: 'cross_entropy' });
   await op(`${trainer}/optim_step`, { adam_params: { learning_rate: 5e-2 } });
   await op(`${trainer}/save_weights_for_sampler`, { name: 'step-1' });
   const checkpoint = (await call('GET', `/v1/loops/checkpoints?run_id=${run.id}`)).checkpoints.find((c: { target: string }) => c.target === 'sampler');
-  const deployed = await call('POST', '/v1/loops/checkpoints/deploy', { checkpoint_ids: [checkpoint.id], model_name: 'support-tickets', instance_type_id: 'H100:1x', hf_secret_name: 'hf_access_token' });
+  const deployed = await call('POST', '/v1/loops/checkpoints/deploy', {
+    checkpoint_ids: [checkpoint.id],
+    model_name: 'support-tickets',
+    instance_type_id: 'H100:1x',
+    hf_secret_name: 'hf_access_token',
+  });
   const eos = server.core.engines.sampleCodec(baseModel).eosTokenIds;
   const cases = [];
   for (const [ticket] of TICKETS.slice(0, 2)) {
     const messages = [{ role: 'user', content: prompt(ticket) }];
     const ids = tok.encode(server.core.inference.template(baseModel).render(messages, { addGenerationPrompt: true }));
-    const sampled = await call('POST', `/sampler/${run.sampler.id}/sample`, { prompt: { chunks: [{ type: 'encoded_text', tokens: ids }] }, num_samples: 1, sampling_params: { max_tokens: maxTokens, temperature: 0 } });
+    const sampled = await call('POST', `/sampler/${run.sampler.id}/sample`, {
+      prompt: { chunks: [{ type: 'encoded_text', tokens: ids }] },
+      num_samples: 1,
+      sampling_params: { max_tokens: maxTokens, temperature: 0 },
+    });
     const seq = sampled.sequences[0];
     const tokens: number[] = seq.stop_reason === 'stop' && eos.includes(seq.tokens.at(-1)) ? seq.tokens.slice(0, -1) : seq.tokens;
     cases.push({ messages, expected: tok.decode(tokens) });
   }
-  return { model_id: deployed.model_id, deployment_id: deployed.deployment_id, base_url: deployed.inference.base_url, model: 'step-1', max_tokens: maxTokens, cases };
+  return {
+    model_id: deployed.model_id,
+    deployment_id: deployed.deployment_id,
+    base_url: deployed.inference.base_url,
+    model: 'step-1',
+    max_tokens: maxTokens,
+    cases,
+  };
 }
 
 /** Chat-template cases for transformers' apply_chat_template to check: the mock's rendered prompt ids for each. */
 export function chatTemplateCases(server: RunningServer, models: string[]) {
-  const tools = [{ type: 'function', function: { name: 'lookup_account', description: 'Find a customer account by email', parameters: { type: 'object', properties: { email: { type: 'string' } }, required: ['email'] } } }];
+  const tools = [
+    {
+      type: 'function',
+      function: {
+        name: 'lookup_account',
+        description: 'Find a customer account by email',
+        parameters: { type: 'object', properties: { email: { type: 'string' } }, required: ['email'] },
+      },
+    },
+  ];
   const messages = [
     { role: 'system', content: 'You sort support tickets.' },
     { role: 'user', content: 'I cannot log in to my account.' },

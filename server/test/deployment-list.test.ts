@@ -12,14 +12,23 @@ const ids = (list: { id: string }[]) => list.map((d) => d.id);
 
 describe('the deployment list', () => {
   it('leaves out STOPPED deployments, own and org-wide, while GET by id and its logs still answer for them', async () => {
-    server = await startTestServer({ apiKeys: [{ key: 'alice', org: 'acme' }, { key: 'bob', org: 'acme' }] });
+    server = await startTestServer({
+      apiKeys: [
+        { key: 'alice', org: 'acme' },
+        { key: 'bob', org: 'acme' },
+      ],
+    });
     const alice = client(server, 'alice');
     const bob = client(server, 'bob');
     const stoppedByRun = await newRun(alice);
     const stoppedById = await newRun(alice);
     const live = await newRun(alice);
     const bobs = await newRun(bob);
-    expect(ids((await alice.get('/v1/loops/deployments')).body.deployments)).toEqual([live.deployment_id, stoppedById.deployment_id, stoppedByRun.deployment_id]);
+    expect(ids((await alice.get('/v1/loops/deployments')).body.deployments)).toEqual([
+      live.deployment_id,
+      stoppedById.deployment_id,
+      stoppedByRun.deployment_id,
+    ]);
 
     // Both ways of stopping one: the run's deactivate, and the deployment's own.
     expect((await alice.post(`/v1/loops/runs/${stoppedByRun.id}/deactivate`)).status).toBe(200);

@@ -78,8 +78,14 @@ describe('log lines', () => {
       ['sampler POST', (await api.post(r.samplerLogs, {})).body.logs],
     ] as const) {
       expect(logs.length, name).toBeGreaterThan(0);
-      expect(logs.every((l: { timestamp: string }) => ms(l) >= now - 30 * MINUTE && ms(l) <= now), name).toBe(true);
-      expect(logs.some((l: { message: string }) => / created /.test(l.message)), name).toBe(false);
+      expect(
+        logs.every((l: { timestamp: string }) => ms(l) >= now - 30 * MINUTE && ms(l) <= now),
+        name,
+      ).toBe(true);
+      expect(
+        logs.some((l: { message: string }) => / created /.test(l.message)),
+        name,
+      ).toBe(false);
     }
     // Only an end: the 30 minutes before it; only a start: from it to now.
     const early = (await api.post(r.samplerLogs, { end_epoch_millis: createdAt + 1000 })).body.logs;
@@ -141,18 +147,22 @@ describe('log lines', () => {
     clock.advance(1000);
     await server.app.inject({ method: 'POST', url: `${new URL(run.sampler.base_url).pathname}/sample`, payload: {} });
     // What requests.post(url, headers=..., json={}) puts on the wire for truss's RestAPIClient.post.
-    const truss = (path: string, body?: string, method = 'POST') => fetch(`${server.url}/${path}`, {
-      method,
-      headers: {
-        authorization: `Api-Key ${server.apiKey ?? 'truss-key'}`, 'user-agent': 'truss-cli/0.18.36 (Python/3.11.2; Linux)',
-        accept: '*/*', 'accept-encoding': 'gzip, deflate', ...(body === undefined ? {} : { 'content-type': 'application/json' }),
-      },
-      body,
-    });
+    const truss = (path: string, body?: string, method = 'POST') =>
+      fetch(`${server.url}/${path}`, {
+        method,
+        headers: {
+          authorization: `Api-Key ${server.apiKey ?? 'truss-key'}`,
+          'user-agent': 'truss-cli/0.18.36 (Python/3.11.2; Linux)',
+          accept: '*/*',
+          'accept-encoding': 'gzip, deflate',
+          ...(body === undefined ? {} : { 'content-type': 'application/json' }),
+        },
+        body,
+      });
     const modelLogs = `v1/models/${run.sampler.model_id}/deployments/${run.sampler.deployment_id}/logs`;
     const plain = await truss(modelLogs, '{}');
     expect(plain.status).toBe(200);
-    const lines = (await plain.json() as { logs: { timestamp: string; message: string; replica: string | null }[] }).logs;
+    const lines = ((await plain.json()) as { logs: { timestamp: string; message: string; replica: string | null }[] }).logs;
     // truss parses each line as {timestamp: str, message: str, replica: Optional[str]} and reverses the list to print oldest first.
     const printed = [...lines].reverse();
     expect(printed.map(ms)).toEqual(printed.map(ms).sort((a, b) => a - b));
@@ -161,13 +171,17 @@ describe('log lines', () => {
     // The tail (ModelDeploymentLogWatcher): end now + 60 s of clock-skew buffer, then a start a minute before its last poll.
     const now = clock.now();
     const tail = await truss(modelLogs, JSON.stringify({ end_epoch_millis: now + 60_000 }));
-    expect((await tail.json() as { logs: unknown[] }).logs).toEqual(lines);
+    expect(((await tail.json()) as { logs: unknown[] }).logs).toEqual(lines);
     const next = await truss(modelLogs, JSON.stringify({ start_epoch_millis: now - 60_000, end_epoch_millis: now + 60_000 }));
-    expect((await next.json() as { logs: unknown[] }).logs).toEqual(lines);
+    expect(((await next.json()) as { logs: unknown[] }).logs).toEqual(lines);
     // get_loops_deployment_logs: GET with the range as string query parameters (none without one).
-    const trainer = await truss(`v1/loops/deployments/${run.deployment_id}/logs?start_epoch_millis=${now - 60_000}&end_epoch_millis=${now + 60_000}`, undefined, 'GET');
+    const trainer = await truss(
+      `v1/loops/deployments/${run.deployment_id}/logs?start_epoch_millis=${now - 60_000}&end_epoch_millis=${now + 60_000}`,
+      undefined,
+      'GET',
+    );
     expect(trainer.status).toBe(200);
-    const trainerLines = (await trainer.json() as { logs: { timestamp: string }[] }).logs;
+    const trainerLines = ((await trainer.json()) as { logs: { timestamp: string }[] }).logs;
     expect(trainerLines.map(ms)).toEqual(trainerLines.map(ms).sort((a, b) => b - a));
     expect((await truss(`v1/loops/deployments/${run.deployment_id}/logs`, undefined, 'GET')).status).toBe(200);
   });

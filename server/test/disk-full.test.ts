@@ -82,8 +82,13 @@ function openSmallDisk(): SmallDisk {
     return {
       dir,
       how: `an injected 20 MB disk (ENOSPC / SQLITE_FULL at the writes; mount refused: ${String((err as { stderr?: Buffer }).stderr ?? (err as Error).message).trim()})`,
-      fill: (bytes) => { fillerBytes = bytes; injected.used += bytes; },
-      free: () => { injected.used -= fillerBytes; },
+      fill: (bytes) => {
+        fillerBytes = bytes;
+        injected.used += bytes;
+      },
+      free: () => {
+        injected.used -= fillerBytes;
+      },
       close: () => {
         injected.on = false;
         realFs.rmSync(dir, { recursive: true, force: true });
@@ -96,7 +101,10 @@ function openSmallDisk(): SmallDisk {
 function injectedDisk(): string {
   Object.assign(injected, { on: true, capacity: 2 ** 40, used: 0, sqliteFull: false });
   const dir = realFs.mkdtempSync(join(tmpdir(), 'loops-mock-disk-full-'));
-  cleanups.push(() => { injected.on = false; realFs.rmSync(dir, { recursive: true, force: true }); });
+  cleanups.push(() => {
+    injected.on = false;
+    realFs.rmSync(dir, { recursive: true, force: true });
+  });
   return dir;
 }
 
@@ -221,7 +229,9 @@ describe('each write path on a full disk', () => {
     const refused = await api.post('/v1/loops/sessions');
     expect(refused.status).toBe(507);
     expect(refused.body.error).toMatchObject({ type: 'insufficient_storage', code: 'SQLITE_FULL', data_dir: dataDir, reason: 'disk_full' });
-    expect(refused.body.error.message).toMatch(/^The data dir .* is out of space \(SQLITE_FULL\): the session record \S+ was not saved.*Free space on that filesystem/);
+    expect(refused.body.error.message).toMatch(
+      /^The data dir .* is out of space \(SQLITE_FULL\): the session record \S+ was not saved.*Free space on that filesystem/,
+    );
     expect((await api.patch('/v1/loops/user_config', { trainer_accelerator_priority: ['H100'] })).status).toBe(507);
     expect((await api.get(`/v1/loops/runs/${run.id}`)).status).toBe(200);
     expect((await api.get('/v1/loops/user_config')).status).toBe(200);
@@ -274,7 +284,9 @@ describe('each write path on a full disk', () => {
     injected.sqliteFull = true;
     const second = await startTestServer({ dataDir });
     cleanups.push(() => second.close());
-    expect(second.notes.join('\n')).toMatch(/the data dir refused writes at start \(.*SQLITE_FULL.*\); reads are served, writes answer 507 until there is room/);
+    expect(second.notes.join('\n')).toMatch(
+      /the data dir refused writes at start \(.*SQLITE_FULL.*\); reads are served, writes answer 507 until there is room/,
+    );
     const api = client(second);
     const got = await api.get(`/v1/loops/runs/${run.id}`);
     expect(got.status).toBe(200);
@@ -311,7 +323,10 @@ describe('each write path on a full disk', () => {
     const id = (await checkpointsOf(api, run.id)).get('a')!;
     const before = await filesOf(server, api, id);
     // Train a step so that the replacement differs, then leave room for only part of it.
-    const datum = { model_input: { chunks: [{ type: 'encoded_text', tokens: [11, 12, 13, 14] }] }, loss_fn_inputs: { target_tokens: { data: [12, 13, 14, 15], dtype: 'int64', shape: [4] } } };
+    const datum = {
+      model_input: { chunks: [{ type: 'encoded_text', tokens: [11, 12, 13, 14] }] },
+      loss_fn_inputs: { target_tokens: { data: [12, 13, 14, 15], dtype: 'int64', shape: [4] } },
+    };
     expect((await operation(api, run.id, 'forward_backward', { data: [datum], loss_fn: 'cross_entropy' })).status).toBe('done');
     expect((await operation(api, run.id, 'optim_step', { adam_params: { learning_rate: 1e-2 } })).status).toBe('done');
     injected.capacity = injected.used + 4096;

@@ -24,7 +24,13 @@ const lowerId = format('a 7-character lowercase id like e3mvjo3', /^[a-z0-9]{7}$
 const checkpointId = format('a 7-character mixed-case id like VqKXRGB', /^[A-Za-z0-9]{7}$/);
 /** model_id and deployment_id go into `https://model-<model_id>.api.baseten.co/deployment/<deployment_id>/...` (quickstart). */
 const hostId = format('a host-safe lowercase id', /^[a-z0-9]+$/);
-const httpUrl = format('an absolute http(s) URL', (s) => { try { return /^https?:$/.test(new URL(s).protocol); } catch { return false; } });
+const httpUrl = format('an absolute http(s) URL', (s) => {
+  try {
+    return /^https?:$/.test(new URL(s).protocol);
+  } catch {
+    return false;
+  }
+});
 const email = format('an email address', /^[^@\s]+@[^@\s]+$/);
 
 // ---- requests -----------------------------------------------------------------------
@@ -62,7 +68,10 @@ beforeAll(async () => {
   const a = tok.encode(' Paris');
   const tokens = [...p, ...a].slice(0, -1);
   const targets = [...Array(p.length - 1).fill(-100), ...a];
-  const datum = { model_input: { chunks: [{ type: 'encoded_text', tokens }] }, loss_fn_inputs: { target_tokens: { data: targets, dtype: 'int64', shape: [targets.length] } } };
+  const datum = {
+    model_input: { chunks: [{ type: 'encoded_text', tokens }] },
+    loss_fn_inputs: { target_tokens: { data: targets, dtype: 'int64', shape: [targets.length] } },
+  };
 
   quickstart.forwardBackward = await op(trainer, 'forward_backward', { data: [datum], loss_fn: 'cross_entropy' });
   quickstart.optimStep = await op(trainer, 'optim_step', { adam_params: { learning_rate: 4e-5 } });
@@ -80,18 +89,21 @@ describe('the quickstart (https://docs.baseten.co/loops/quickstart)', () => {
   it('lists the step-1 checkpoint as its GET /v1/loops/checkpoints?run_id= output shows', () => {
     const run = quickstart.run.run;
     expectShape(quickstart.checkpoints, {
-      checkpoints: list({
-        checkpoint_id: literal('step-1'),
-        created_at: isoTime,
-        checkpoint_type: literal('lora'),
-        base_model: literal(MODEL),
-        lora_adapter_config: { r: literal(16) },
-        size_bytes: tiny('integer', '33,638,400 is a rank-16 adapter of the real Qwen3.5-2B; the mock trains a tiny model of that vocabulary'),
-        sync_status: 'null',
-        id: checkpointId,
-        run_id: literal(run.id),
-        target: literal('sampler'),
-      }, 1),
+      checkpoints: list(
+        {
+          checkpoint_id: literal('step-1'),
+          created_at: isoTime,
+          checkpoint_type: literal('lora'),
+          base_model: literal(MODEL),
+          lora_adapter_config: { r: literal(16) },
+          size_bytes: tiny('integer', '33,638,400 is a rank-16 adapter of the real Qwen3.5-2B; the mock trains a tiny model of that vocabulary'),
+          sync_status: 'null',
+          id: checkpointId,
+          run_id: literal(run.id),
+          target: literal('sampler'),
+        },
+        1,
+      ),
     });
     expect(quickstart.checkpoints.checkpoints[0].size_bytes).toBeGreaterThan(0);
   });
@@ -102,9 +114,17 @@ describe('the quickstart (https://docs.baseten.co/loops/quickstart)', () => {
     // `loss=2.456638`: a number; its value is the tiny model's, not Qwen3.5-2B's.
     expectShape(quickstart.forwardBackward, atLeast({ loss: tiny('number', "2.456638 is the real model's loss on this datum; the tiny model's differs") }));
     // `optim_metrics={'step': 1.0, 'learning_rate': 4e-05, 'lr': 4e-05, 'grad_norm': 74.11, ...}`: the page elides the rest.
-    expectShape(quickstart.optimStep, atLeast({
-      metrics: atLeast({ step: literal(1), learning_rate: literal(4e-5), lr: literal(4e-5), grad_norm: tiny('number', "74.11 is the real model's gradient norm; the tiny model's differs") }),
-    }));
+    expectShape(
+      quickstart.optimStep,
+      atLeast({
+        metrics: atLeast({
+          step: literal(1),
+          learning_rate: literal(4e-5),
+          lr: literal(4e-5),
+          grad_norm: tiny('number', "74.11 is the real model's gradient norm; the tiny model's differs"),
+        }),
+      }),
+    );
     // `saved checkpoint at bt://loops:e3mvjo3/sampler_weights/step-1`
     expectShape(quickstart.save, atLeast({ path: literal(`bt://loops:${quickstart.run.run.id}/sampler_weights/step-1`) }));
   });
@@ -124,7 +144,11 @@ describe('the API reference route pages (https://docs.baseten.co/reference/loops
     // The example page renders a subset; the published schema adds user (required), instance_type and node_count.
     user: { email },
     instance_type: optional({
-      id: 'string', name: 'string', memory_limit_mib: 'integer', millicpu_limit: 'integer', gpu_count: 'integer',
+      id: 'string',
+      name: 'string',
+      memory_limit_mib: 'integer',
+      millicpu_limit: 'integer',
+      gpu_count: 'integer',
       gpu_type: tiny('null', 'the mock samples on CPU, so no GPU type; a real sampler names its GPU (a string)'),
       gpu_memory_limit_mib: tiny('null', 'the mock samples on CPU, so no GPU memory; a real sampler gives it (an integer)'),
     }),

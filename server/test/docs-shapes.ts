@@ -16,15 +16,35 @@
 export type Kind = 'string' | 'integer' | 'number' | 'boolean' | 'null';
 export type Shape = Kind | Format | Literal | List | Tiny | Optional | AtLeast | { [field: string]: Shape };
 
-class Format { constructor(readonly name: string, readonly test: (s: string) => boolean) {} }
-class Literal { constructor(readonly value: unknown) {} }
-class List { constructor(readonly item: Shape, readonly count?: number) {} }
-class Tiny { constructor(readonly shape: Shape, readonly why: string) {} }
-class Optional { constructor(readonly shape: Shape) {} }
-class AtLeast { constructor(readonly fields: Record<string, Shape>) {} }
+class Format {
+  constructor(
+    readonly name: string,
+    readonly test: (s: string) => boolean,
+  ) {}
+}
+class Literal {
+  constructor(readonly value: unknown) {}
+}
+class List {
+  constructor(
+    readonly item: Shape,
+    readonly count?: number,
+  ) {}
+}
+class Tiny {
+  constructor(
+    readonly shape: Shape,
+    readonly why: string,
+  ) {}
+}
+class Optional {
+  constructor(readonly shape: Shape) {}
+}
+class AtLeast {
+  constructor(readonly fields: Record<string, Shape>) {}
+}
 
-export const format = (name: string, test: RegExp | ((s: string) => boolean)) =>
-  new Format(name, typeof test === 'function' ? test : (s) => test.test(s));
+export const format = (name: string, test: RegExp | ((s: string) => boolean)) => new Format(name, typeof test === 'function' ? test : (s) => test.test(s));
 export const literal = (value: unknown) => new Literal(value);
 export const list = (item: Shape, count?: number) => new List(item, count);
 export const tiny = (shape: Shape, why: string) => new Tiny(shape, why);
@@ -39,7 +59,10 @@ export function jsonType(v: unknown): string {
   return typeof v;
 }
 
-const show = (v: unknown) => { const s = JSON.stringify(v); return s === undefined ? String(v) : s.length > 80 ? `${s.slice(0, 77)}...` : s; };
+const show = (v: unknown) => {
+  const s = JSON.stringify(v);
+  return s === undefined ? String(v) : s.length > 80 ? `${s.slice(0, 77)}...` : s;
+};
 
 /** Every difference between `actual` and `shape`, each as "path: what differs". Empty when they agree. */
 export function differences(actual: unknown, shape: Shape, path = '$'): string[] {

@@ -16,7 +16,11 @@ describe('the vitest recipe', () => {
   });
 
   it('runs: the global setup serves a test, and a ManualClock passes an hour at once', () => {
-    const done = spawnSync(process.execPath, [join(REPO_ROOT, 'node_modules', 'vitest', 'vitest.mjs'), 'run', '--config', join(EXAMPLE, 'vitest.config.ts')], { cwd: REPO_ROOT, encoding: 'utf8', timeout: 120_000 });
+    const done = spawnSync(process.execPath, [join(REPO_ROOT, 'node_modules', 'vitest', 'vitest.mjs'), 'run', '--config', join(EXAMPLE, 'vitest.config.ts')], {
+      cwd: REPO_ROOT,
+      encoding: 'utf8',
+      timeout: 120_000,
+    });
     expect(done.status, done.stdout + done.stderr).toBe(0);
     expect(done.stdout).toMatch(/Tests\s+.*2 passed/);
   }, 150_000);

@@ -24,13 +24,20 @@ const DEPLOY = `
   }`;
 
 const graphql = async (query: string, variables?: unknown, url = '/graphql/') => {
-  const res = await server.app.inject({ method: 'POST', url, headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' }, payload: JSON.stringify(variables === undefined ? { query } : { query, variables }) });
+  const res = await server.app.inject({
+    method: 'POST',
+    url,
+    headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' },
+    payload: JSON.stringify(variables === undefined ? { query } : { query, variables }),
+  });
   return { status: res.statusCode, body: res.json() };
 };
 
 const request = (checkpointId: string, dryRun: boolean, instance = 'H100:1x') => ({
   metadata: { oracle_name: 'tickets' },
-  weights_sources: [{ weight_source_type: 'B10_LOOPS_CHECKPOINTING', b10_loops_checkpoint_weights_source: { checkpoint: { loops_checkpoint_id: checkpointId } } }],
+  weights_sources: [
+    { weight_source_type: 'B10_LOOPS_CHECKPOINTING', b10_loops_checkpoint_weights_source: { checkpoint: { loops_checkpoint_id: checkpointId } } },
+  ],
   inference_stack: { stack_type: 'VLLM', environment_variables: [{ name: 'HF_TOKEN', value: 'hf_access_token', is_secret_reference: true }] },
   instance_type_id: instance,
   dry_run: dryRun,
@@ -42,7 +49,20 @@ describe('GraphQL as truss sends it', () => {
     const r = await graphql(INSTANCES);
     expect(r.status).toBe(200);
     const types = r.body.data.listedInstances;
-    expect(Object.keys(types[0]).sort()).toEqual(['default', 'displayName', 'gpuCount', 'gpuMemory', 'gpuType', 'id', 'limitedCapacity', 'memoryLimit', 'millicpuLimit', 'name', 'nodeCount', 'price']);
+    expect(Object.keys(types[0]).sort()).toEqual([
+      'default',
+      'displayName',
+      'gpuCount',
+      'gpuMemory',
+      'gpuType',
+      'id',
+      'limitedCapacity',
+      'memoryLimit',
+      'millicpuLimit',
+      'name',
+      'nodeCount',
+      'price',
+    ]);
     // truss picks the smallest single-node type of the asked GPU.
     const h100 = types.filter((t: any) => t.gpuType === 'H100' && t.nodeCount === 1).sort((a: any, b: any) => a.gpuCount - b.gpuCount)[0];
     expect(h100.id).toBe('H100:1x');
@@ -63,7 +83,9 @@ describe('GraphQL as truss sends it', () => {
     expect(dry.body.errors).toBeUndefined();
     expect(dry.body.data.create_model_version_from_inference_template.model_version).toBeNull();
     const config = JSON.parse(dry.body.data.create_model_version_from_inference_template.truss_config);
-    expect(config.weights).toEqual([{ source: `bt://loops:${checkpoint.run_id}/sampler_weights/step-1`, loops_checkpoint_id: checkpoint.id, served_model_name: 'step-1' }]);
+    expect(config.weights).toEqual([
+      { source: `bt://loops:${checkpoint.run_id}/sampler_weights/step-1`, loops_checkpoint_id: checkpoint.id, served_model_name: 'step-1' },
+    ]);
     expect((await call('/v1/models')).models.length).toBe(before);
 
     const real = await graphql(DEPLOY, { request: request(checkpoint.id, false) });
@@ -75,9 +97,16 @@ describe('GraphQL as truss sends it', () => {
     expect(seed.model_id).not.toBe(version.model_id);
 
     // Metrics of the deployment: a chat request made on it is counted.
-    const chat = await server.app.inject({ method: 'POST', url: `/model/${version.model_id}/deployment/${version.id}/sync/v1/chat/completions`, headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' }, payload: JSON.stringify({ model: 'step-1', messages: [{ role: 'user', content: 'hello' }], max_tokens: 2 }) });
+    const chat = await server.app.inject({
+      method: 'POST',
+      url: `/model/${version.model_id}/deployment/${version.id}/sync/v1/chat/completions`,
+      headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' },
+      payload: JSON.stringify({ model: 'step-1', messages: [{ role: 'user', content: 'hello' }], max_tokens: 2 }),
+    });
     expect(chat.statusCode).toBe(200);
-    const metrics = await graphql(`query { range_model_metrics(model_version_id: "${version.id}", step_seconds: 3600) { inference_volume { timestamp value } model_concurrent_requests { timestamp value } } }`);
+    const metrics = await graphql(
+      `query { range_model_metrics(model_version_id: "${version.id}", step_seconds: 3600) { inference_volume { timestamp value } model_concurrent_requests { timestamp value } } }`,
+    );
     expect(metrics.body.errors).toBeUndefined();
     expect(metrics.body.data.range_model_metrics.inference_volume.reduce((n: number, p: any) => n + p.value, 0)).toBe(1);
     expect(Math.max(...metrics.body.data.range_model_metrics.model_concurrent_requests.map((p: any) => p.value))).toBe(1);
@@ -99,11 +128,21 @@ describe('GraphQL as truss sends it', () => {
     const unknown = await graphql('query { training_jobs { id } }');
     expect(unknown.body.errors[0]).toMatchObject({ extensions: { code: 'GRAPHQL_VALIDATION_FAILED' } });
     expect(unknown.body.errors[0].message).toMatch(/training_jobs/);
-    const noQuery = await server.app.inject({ method: 'POST', url: '/graphql', headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' }, payload: '{"variables": {}}' });
+    const noQuery = await server.app.inject({
+      method: 'POST',
+      url: '/graphql',
+      headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' },
+      payload: '{"variables": {}}',
+    });
     // Not a GraphQL request at all: a 400 with GraphQL's errors list, naming what is wrong.
     expect(noQuery.statusCode).toBe(400);
     expect(noQuery.json().errors[0].message).toMatch(/query must be a string/);
-    const extra = await server.app.inject({ method: 'POST', url: '/graphql/', headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' }, payload: '{"query": "query { user { email } }", "zz_unknown": 1}' });
+    const extra = await server.app.inject({
+      method: 'POST',
+      url: '/graphql/',
+      headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' },
+      payload: '{"query": "query { user { email } }", "zz_unknown": 1}',
+    });
     expect([extra.statusCode, extra.json().errors[0].extensions.code]).toEqual([400, 'BAD_REQUEST']);
     expect(extra.json().errors[0].message).toMatch(/zz_unknown is not a field of a GraphQL request/);
   });

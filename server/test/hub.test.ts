@@ -27,15 +27,31 @@ describe('the Hub mirror', () => {
   });
 
   it('answers model info with the revision sha and the files, at main and at that sha', async () => {
-    const info = await (await fetch(`${hf}/api/models/${MODEL}`)).json() as { id: string; sha: string; siblings: { rfilename: string }[]; private: boolean };
+    const info = (await (await fetch(`${hf}/api/models/${MODEL}`)).json()) as { id: string; sha: string; siblings: { rfilename: string }[]; private: boolean };
     expect(info.id).toBe(MODEL);
     expect(info.sha).toMatch(/^[0-9a-f]{40}$/);
     expect(info.private).toBe(false);
-    expect(info.siblings.map((s) => s.rfilename).sort()).toEqual(['config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json']);
+    expect(info.siblings.map((s) => s.rfilename).sort()).toEqual([
+      'config.json',
+      'generation_config.json',
+      'model.safetensors',
+      'tokenizer.json',
+      'tokenizer_config.json',
+    ]);
     const pinned = await fetch(`${hf}/api/models/${MODEL}/revision/${info.sha}`);
     expect(((await pinned.json()) as { sha: string }).sha).toBe(info.sha);
-    const tree = await (await fetch(`${hf}/api/models/${MODEL}/tree/main?recursive=true&expand=false`)).json() as { type: string; path: string; size: number; oid: string }[];
-    expect(tree.find((f) => f.path === 'tokenizer.json')).toEqual({ type: 'file', path: 'tokenizer.json', size: tokenizerJson.length, oid: blobId(tokenizerJson) });
+    const tree = (await (await fetch(`${hf}/api/models/${MODEL}/tree/main?recursive=true&expand=false`)).json()) as {
+      type: string;
+      path: string;
+      size: number;
+      oid: string;
+    }[];
+    expect(tree.find((f) => f.path === 'tokenizer.json')).toEqual({
+      type: 'file',
+      path: 'tokenizer.json',
+      size: tokenizerJson.length,
+      oid: blobId(tokenizerJson),
+    });
   });
 
   it('serves a file on HEAD and GET with the commit, a quoted ETag, its size and byte ranges', async () => {
@@ -72,11 +88,11 @@ describe('the Hub mirror', () => {
     expect(head.headers.get('etag')).toBe(`"${sha256}"`);
     expect(head.headers.get('x-linked-etag')).toBe(`"${sha256}"`);
     expect(Number(head.headers.get('x-linked-size'))).toBe(body.length);
-    const config = await (await fetch(`${hf}/${MODEL}/resolve/main/config.json`)).json() as Record<string, unknown>;
+    const config = (await (await fetch(`${hf}/${MODEL}/resolve/main/config.json`)).json()) as Record<string, unknown>;
     expect(config).toMatchObject({ architectures: ['LlamaForCausalLM'], vocab_size: 151669, hidden_size: 64, tie_word_embeddings: false });
   });
 
-  it('answers every miss with the Hub\'s X-Error-Code, our error shape, and for a missing file the commit it looked in', async () => {
+  it("answers every miss with the Hub's X-Error-Code, our error shape, and for a missing file the commit it looked in", async () => {
     const cases: [string, string, number][] = [
       [`${hf}/${MODEL}/resolve/main/vocab.json`, 'EntryNotFound', 404],
       [`${hf}/nobody/no-such-model/resolve/main/config.json`, 'RepoNotFound', 404],
@@ -91,7 +107,8 @@ describe('the Hub mirror', () => {
         expect(res.status, `${method} ${url}`).toBe(status);
         expect(res.headers.get('x-error-code'), `${method} ${url}`).toBe(code);
         expect(res.headers.get('x-error-message'), url).toBeTruthy();
-        if (method === 'GET') expect(((await res.json()) as { error: { type: string; hub_error: string } }).error).toMatchObject({ type: 'not_found', hub_error: code });
+        if (method === 'GET')
+          expect(((await res.json()) as { error: { type: string; hub_error: string } }).error).toMatchObject({ type: 'not_found', hub_error: code });
       }
     }
     const missing = await fetch(`${hf}/${MODEL}/resolve/main/vocab.json`, { method: 'HEAD' });
@@ -109,7 +126,7 @@ describe('the Hub mirror', () => {
       expect(res.headers.get('etag')).toBe(`"${blobId(own)}"`);
       expect(Buffer.from(await res.arrayBuffer()).equals(own)).toBe(true);
       // A file of its own, without a tokenizer_config.json beside it: the repo lists just what there is.
-      const info = await (await fetch(`${custom.env.HF_ENDPOINT}/api/models/${MODEL}`)).json() as { siblings: { rfilename: string }[] };
+      const info = (await (await fetch(`${custom.env.HF_ENDPOINT}/api/models/${MODEL}`)).json()) as { siblings: { rfilename: string }[] };
       expect(info.siblings.map((s) => s.rfilename)).toEqual(['tokenizer.json', 'config.json', 'generation_config.json', 'model.safetensors']);
     } finally {
       await custom.close();
@@ -123,7 +140,11 @@ describe('the Hub mirror', () => {
     const url = `${hf}/${MODEL}/resolve/main/model.safetensors`;
     const before = await fetch(url, { method: 'HEAD' });
     // Listing more repos than the mirror holds weights for evicts MODEL's.
-    for (const other of hub.ids().filter((id) => id !== MODEL).slice(0, 3)) expect((await fetch(`${hf}/api/models/${other}`)).status).toBe(200);
+    for (const other of hub
+      .ids()
+      .filter((id) => id !== MODEL)
+      .slice(0, 3))
+      expect((await fetch(`${hf}/api/models/${other}`)).status).toBe(200);
     expect(hub.holdsWeights(MODEL)).toBe(false);
     const head = await fetch(url, { method: 'HEAD' });
     expect(head.status).toBe(200);
@@ -137,7 +158,7 @@ describe('the Hub mirror', () => {
     expect(hub.holdsWeights(MODEL)).toBe(true);
   });
 
-  it('holds the weights of a bounded number of repos and makes an evicted repo\'s again byte for byte', async () => {
+  it("holds the weights of a bounded number of repos and makes an evicted repo's again byte for byte", async () => {
     const engines = new EnginePool();
     const hub = new HubRepos(engines, { weightsHeld: 1 });
     try {
@@ -164,7 +185,7 @@ describe('the Hub mirror', () => {
     }
   });
 
-  it('shares a tokenizer family\'s files among its repos and names its special ids without loading the tokenizer', async () => {
+  it("shares a tokenizer family's files among its repos and names its special ids without loading the tokenizer", async () => {
     const engines = new EnginePool();
     const hub = new HubRepos(engines);
     const loads = vi.spyOn(engines.tokenizers, 'get');
@@ -176,7 +197,10 @@ describe('the Hub mirror', () => {
       expect(fileOf('Qwen/Qwen3-8B', 'tokenizer.json') === fileOf('Qwen/Qwen3.5-2B', 'tokenizer.json')).toBe(true);
       // What the tokenizer library reads from the families' files (models/test/tokenizers.test.ts holds the eos ids to it):
       // Qwen3 pads with <|endoftext|>, DeepSeek V3 with its end of sentence.
-      const expected: [string, number[], number][] = [['Qwen/Qwen3-8B', [151643, 151645], 151643], ['deepseek-ai/DeepSeek-V4-Flash', [1], 1]];
+      const expected: [string, number[], number][] = [
+        ['Qwen/Qwen3-8B', [151643, 151645], 151643],
+        ['deepseek-ai/DeepSeek-V4-Flash', [1], 1],
+      ];
       for (const [id, eos, pad] of expected) {
         const generation = JSON.parse(fileOf(id, 'generation_config.json').toString('utf8')) as { eos_token_id: number[]; pad_token_id?: number };
         expect(generation, id).toMatchObject({ eos_token_id: eos, pad_token_id: pad });

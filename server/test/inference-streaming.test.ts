@@ -18,7 +18,8 @@ let server: RunningServer;
 let base: string;
 
 const headers = () => ({ authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' });
-const post = async (path: string, body: unknown) => (await fetch(`${server.url}${base}${path}`, { method: 'POST', headers: headers(), body: JSON.stringify(body) })).json() as Promise<any>;
+const post = async (path: string, body: unknown) =>
+  (await fetch(`${server.url}${base}${path}`, { method: 'POST', headers: headers(), body: JSON.stringify(body) })).json() as Promise<any>;
 
 /** The events of a server-sent event stream, as they arrive. */
 async function* events(res: Response): AsyncGenerator<any> {
@@ -37,16 +38,21 @@ async function* events(res: Response): AsyncGenerator<any> {
   }
 }
 
-const streamOf = (path: string, body: unknown, signal?: AbortSignal) => fetch(`${server.url}${base}${path}`, { method: 'POST', headers: headers(), body: JSON.stringify({ ...body as object, stream: true }), signal });
+const streamOf = (path: string, body: unknown, signal?: AbortSignal) =>
+  fetch(`${server.url}${base}${path}`, { method: 'POST', headers: headers(), body: JSON.stringify({ ...(body as object), stream: true }), signal });
 
 /** Holds the engine's decode step number `at` (1-based) until `release` is called; counts the steps. */
 function holdStep(at: number) {
   const original = engine.decodeRows;
   let steps = 0;
   let release!: () => void;
-  const released = new Promise<void>((r) => { release = r; });
+  const released = new Promise<void>((r) => {
+    release = r;
+  });
   let reached!: () => void;
-  const reachedP = new Promise<void>((r) => { reached = r; });
+  const reachedP = new Promise<void>((r) => {
+    reached = r;
+  });
   engine.decodeRows = async (...args) => {
     if (++steps === at) {
       reached();
@@ -54,7 +60,15 @@ function holdStep(at: number) {
     }
     return original.apply(engine, args);
   };
-  return { release, reached: reachedP, steps: () => steps, restore: () => { engine.decodeRows = original; release(); } };
+  return {
+    release,
+    reached: reachedP,
+    steps: () => steps,
+    restore: () => {
+      engine.decodeRows = original;
+      release();
+    },
+  };
 }
 
 beforeAll(async () => {
@@ -74,7 +88,13 @@ beforeAll(async () => {
       return res.json();
     }
   };
-  const data = TICKETS.slice(0, 2).map(([t, l]) => { const d = datum(tok, t, l); return { model_input: { chunks: [{ type: 'encoded_text', tokens: d.tokens }] }, loss_fn_inputs: { target_tokens: { data: d.targetTokens, dtype: 'int64' } } }; });
+  const data = TICKETS.slice(0, 2).map(([t, l]) => {
+    const d = datum(tok, t, l);
+    return {
+      model_input: { chunks: [{ type: 'encoded_text', tokens: d.tokens }] },
+      loss_fn_inputs: { target_tokens: { data: d.targetTokens, dtype: 'int64' } },
+    };
+  });
   await op('forward_backward', { data, loss_fn: 'cross_entropy' });
   await op('optim_step', { adam_params: { learning_rate: 5e-2 } });
   await op('save_weights_for_sampler', { name: 'step-1' });
@@ -114,10 +134,17 @@ describe('streamed inference, token by token', () => {
     const chunks = got.slice(0, -1);
     expect(chunks.flatMap((c) => c.choices.map((ch: any) => ch.delta.content)).join('')).toBe(text);
     expect(chunks.filter((c) => c.choices[0]?.finish_reason).map((c) => c.choices[0].finish_reason)).toEqual([whole.choices[0].finish_reason]);
-    expect(chunks.at(-1)).toEqual({ id: expect.any(String), object: 'chat.completion.chunk', created: expect.any(Number), model: 'step-1', choices: [], usage: whole.usage });
+    expect(chunks.at(-1)).toEqual({
+      id: expect.any(String),
+      object: 'chat.completion.chunk',
+      created: expect.any(Number),
+      model: 'step-1',
+      choices: [],
+      usage: whole.usage,
+    });
   }, 60_000);
 
-  it('completions with n and a seed stream each choice\'s own text, equal to the whole answer\'s, with logprobs', async () => {
+  it("completions with n and a seed stream each choice's own text, equal to the whole answer's, with logprobs", async () => {
     const ids = tok.encode('Ticket: my invoice is wrong. Category:');
     const body = { model: 'step-1', prompt: ids, max_tokens: 6, temperature: 1, seed: 3, n: 2, logprobs: 1 };
     const whole = await post('/completions', body);
@@ -154,7 +181,8 @@ describe('streamed inference, token by token', () => {
     engine.decodeRows = () => Promise.reject(new Error('the graph run failed'));
     const got: any[] = [];
     try {
-      for await (const e of events(await streamOf('/chat/completions', { model: 'step-1', messages: ticketMessages, max_tokens: 4, temperature: 0 }))) got.push(e);
+      for await (const e of events(await streamOf('/chat/completions', { model: 'step-1', messages: ticketMessages, max_tokens: 4, temperature: 0 })))
+        got.push(e);
     } finally {
       engine.decodeRows = original;
     }
@@ -179,13 +207,18 @@ describe('streamed inference, token by token', () => {
       await stream.next();
       await hold.reached;
       client.abort();
-      await vi.waitFor(async () => {
-        const logs = await (await fetch(`${server.url}/v1/models/${base.split('/')[2]}/deployments/${base.split('/')[4]}/logs`, { headers: headers() })).json() as any;
-        const closed = logs.logs.map((l: any) => l.message).find((m: string) => m.includes('stream closed by the client'));
-        expect(closed).toBeDefined();
-        const [, tokens] = /after (\d+) completion tokens/.exec(closed)!;
-        expect(Number(tokens)).toBeLessThan(maxTokens);
-      }, { timeout: 20_000, interval: 50 });
+      await vi.waitFor(
+        async () => {
+          const logs = (await (
+            await fetch(`${server.url}/v1/models/${base.split('/')[2]}/deployments/${base.split('/')[4]}/logs`, { headers: headers() })
+          ).json()) as any;
+          const closed = logs.logs.map((l: any) => l.message).find((m: string) => m.includes('stream closed by the client'));
+          expect(closed).toBeDefined();
+          const [, tokens] = /after (\d+) completion tokens/.exec(closed)!;
+          expect(Number(tokens)).toBeLessThan(maxTokens);
+        },
+        { timeout: 20_000, interval: 50 },
+      );
       // The step held when the client left was the last one started.
       expect(hold.steps()).toBeLessThanOrEqual(3);
     } finally {

@@ -16,10 +16,18 @@ afterEach(() => server?.close());
 
 function api(base: string, key = 'inference-test') {
   const call = async (method: string, path: string, body?: unknown) => {
-    const res = await fetch(`${base}${path}`, { method, headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) }, body: body === undefined ? undefined : JSON.stringify(body) });
+    const res = await fetch(`${base}${path}`, {
+      method,
+      headers: { authorization: `Bearer ${key}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
     const text = await res.text();
     let parsed: any = text;
-    try { parsed = JSON.parse(text); } catch { /* an event stream */ }
+    try {
+      parsed = JSON.parse(text);
+    } catch {
+      /* an event stream */
+    }
     return { status: res.status, body: parsed, headers: res.headers };
   };
   const op = async (trainer: string, name: string, body: unknown) => {
@@ -36,7 +44,13 @@ function api(base: string, key = 'inference-test') {
     const session = (await call('POST', '/v1/loops/sessions')).body.session.id;
     const run = (await call('POST', '/v1/loops/runs', { session_id: session, base_model: MODEL, lora_rank: 8, seed: 1 })).body.run;
     const trainer = new URL(run.base_url).pathname;
-    const data = TICKETS.slice(0, 2).map(([t, l]) => { const d = datum(tok, t, l); return { model_input: { chunks: [{ type: 'encoded_text', tokens: d.tokens }] }, loss_fn_inputs: { target_tokens: { data: d.targetTokens, dtype: 'int64' } } }; });
+    const data = TICKETS.slice(0, 2).map(([t, l]) => {
+      const d = datum(tok, t, l);
+      return {
+        model_input: { chunks: [{ type: 'encoded_text', tokens: d.tokens }] },
+        loss_fn_inputs: { target_tokens: { data: d.targetTokens, dtype: 'int64' } },
+      };
+    });
     await op(trainer, 'forward_backward', { data, loss_fn: 'cross_entropy' });
     await op(trainer, 'optim_step', { adam_params: { learning_rate: 5e-2 } });
     await op(trainer, 'save_weights_for_sampler', { name });
@@ -55,10 +69,15 @@ async function start(options: StartOptions = {}) {
 const ticketMessages = [{ role: 'user', content: prompt(TICKETS[0]![0]) }];
 
 describe('deploying a checkpoint to inference', () => {
-  it('serves the adapter through the chat template: greedy equals the sampler\'s greedy sample of the same prompt ids', async () => {
+  it("serves the adapter through the chat template: greedy equals the sampler's greedy sample of the same prompt ids", async () => {
     const c = await start();
     const { run, sampler } = await c.trained();
-    const deployed = await c.call('POST', '/v1/loops/checkpoints/deploy', { checkpoint_ids: [sampler.id], model_name: 'tickets', instance_type_id: 'H100:1x', hf_secret_name: 'hf_access_token' });
+    const deployed = await c.call('POST', '/v1/loops/checkpoints/deploy', {
+      checkpoint_ids: [sampler.id],
+      model_name: 'tickets',
+      instance_type_id: 'H100:1x',
+      hf_secret_name: 'hf_access_token',
+    });
     expect(deployed.status).toBe(200);
     expect(deployed.body.model_id).toMatch(/^[a-z0-9]{8}$/);
     expect(deployed.body.deployment_id).toMatch(/^[a-z0-9]{7}$/);
@@ -75,7 +94,11 @@ describe('deploying a checkpoint to inference', () => {
     const ids = tok.encode(rendered);
     expect(chat.body.usage.prompt_tokens).toBe(ids.length);
     const samplerPath = new URL(run.sampler.base_url).pathname;
-    const sampled = await c.call('POST', `${samplerPath}/sample`, { prompt: { chunks: [{ type: 'encoded_text', tokens: ids }] }, num_samples: 1, sampling_params: { max_tokens: 8, temperature: 0 } });
+    const sampled = await c.call('POST', `${samplerPath}/sample`, {
+      prompt: { chunks: [{ type: 'encoded_text', tokens: ids }] },
+      num_samples: 1,
+      sampling_params: { max_tokens: 8, temperature: 0 },
+    });
     const seq = sampled.body.sequences[0];
     const eos = engines.sampleCodec(MODEL).eosTokenIds;
     const answerTokens = seq.stop_reason === 'stop' && eos.includes(seq.tokens.at(-1)) ? seq.tokens.slice(0, -1) : seq.tokens;
@@ -84,9 +107,19 @@ describe('deploying a checkpoint to inference', () => {
     expect(chat.body.choices[0].finish_reason).toBe(seq.stop_reason);
 
     // Streaming: vLLM's chunks, the same text, usage last when asked, then [DONE].
-    const streamed = await c.call('POST', `${base}/chat/completions`, { model: 'step-1', messages: ticketMessages, max_tokens: 8, temperature: 0, stream: true, stream_options: { include_usage: true } });
+    const streamed = await c.call('POST', `${base}/chat/completions`, {
+      model: 'step-1',
+      messages: ticketMessages,
+      max_tokens: 8,
+      temperature: 0,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
     expect(streamed.headers.get('content-type')).toMatch(/^text\/event-stream/);
-    const events = (streamed.body as string).split('\n\n').filter(Boolean).map((e) => e.replace(/^data: /, ''));
+    const events = (streamed.body as string)
+      .split('\n\n')
+      .filter(Boolean)
+      .map((e) => e.replace(/^data: /, ''));
     expect(events.at(-1)).toBe('[DONE]');
     const chunks = events.slice(0, -1).map((e) => JSON.parse(e));
     expect(chunks[0].choices[0].delta.role).toBe('assistant');
@@ -101,14 +134,23 @@ describe('deploying a checkpoint to inference', () => {
 
     // The model shows in Baseten's model API, and its deployment on the generic route.
     expect((await c.call('GET', '/v1/models')).body.models.map((m: any) => m.id)).toContain(deployed.body.model_id);
-    expect((await c.call('GET', `/v1/models/${deployed.body.model_id}`)).body).toMatchObject({ id: deployed.body.model_id, name: 'tickets', production_deployment_id: deployed.body.deployment_id });
+    expect((await c.call('GET', `/v1/models/${deployed.body.model_id}`)).body).toMatchObject({
+      id: deployed.body.model_id,
+      name: 'tickets',
+      production_deployment_id: deployed.body.deployment_id,
+    });
     const dep = await c.call('GET', `/v1/models/${deployed.body.model_id}/deployments/${deployed.body.deployment_id}`);
     expect(dep.body).toMatchObject({ id: deployed.body.deployment_id, status: 'ACTIVE', is_development: false });
     // The sampler's own deployment still answers on the same route.
     expect((await c.call('GET', `/v1/models/${run.sampler.model_id}/deployments/${run.sampler.deployment_id}`)).body.status).toBe('ACTIVE');
 
     const source = await c.call('GET', `/v1/loops/checkpoints/${sampler.id}/source`);
-    expect(source.body).toMatchObject({ id: sampler.id, checkpoint_id: 'step-1', source_type: 's3', checkpoint_path: `bt://loops:${run.id}/sampler_weights/step-1` });
+    expect(source.body).toMatchObject({
+      id: sampler.id,
+      checkpoint_id: 'step-1',
+      source_type: 's3',
+      checkpoint_path: `bt://loops:${run.id}/sampler_weights/step-1`,
+    });
   }, 120_000);
 
   it('walks BUILDING, DEPLOYING, LOADING_MODEL over the cold start, answers 503 until ACTIVE and 404 after deactivation', async () => {
@@ -145,8 +187,13 @@ describe('deploying a checkpoint to inference', () => {
     expect((await c.call('GET', `/v1/models/${d.model_id}`)).status).toBe(404);
   }, 120_000);
 
-  it('refuses trainer checkpoints, unknown ids and other organisations\' checkpoints, and answers bad inference input in OpenAI\'s shape', async () => {
-    const c = await start({ apiKeys: [{ key: 'inference-test', org: 'org-a' }, { key: 'other-org', org: 'org-b' }] as never });
+  it("refuses trainer checkpoints, unknown ids and other organisations' checkpoints, and answers bad inference input in OpenAI's shape", async () => {
+    const c = await start({
+      apiKeys: [
+        { key: 'inference-test', org: 'org-a' },
+        { key: 'other-org', org: 'org-b' },
+      ] as never,
+    });
     const { sampler, trainerCheckpoint } = await c.trained();
     const trainer = await c.call('POST', '/v1/loops/checkpoints/deploy', { checkpoint_ids: [trainerCheckpoint.id] });
     expect(trainer.status).toBe(400);
@@ -196,7 +243,13 @@ describe('deploying a checkpoint to inference', () => {
     expect(lp.map((t: any) => t.token).join('')).toBe(a.body.choices[0].message.content);
     // tools and chat_template_kwargs reach the template: the prompt is what it renders with them.
     const tools = [{ type: 'function', function: { name: 'lookup_account', description: 'Find an account', parameters: { type: 'object', properties: {} } } }];
-    const withTools = await c.call('POST', `${base}/chat/completions`, { model: 'step-1', messages: ticketMessages, max_tokens: 1, tools, chat_template_kwargs: { enable_thinking: false } });
+    const withTools = await c.call('POST', `${base}/chat/completions`, {
+      model: 'step-1',
+      messages: ticketMessages,
+      max_tokens: 1,
+      tools,
+      chat_template_kwargs: { enable_thinking: false },
+    });
     const rendered = server.core.inference.template(MODEL).render(ticketMessages, { addGenerationPrompt: true, tools, kwargs: { enable_thinking: false } });
     expect(rendered).toContain('lookup_account');
     expect(withTools.body.usage.prompt_tokens).toBe(tok.encode(rendered).length);
@@ -207,7 +260,13 @@ describe('deploying a checkpoint to inference', () => {
     const text: string = greedy.body.choices[0].message.content;
     if (text.length >= 2) {
       const stop = text.slice(1, 2);
-      const stopped = await c.call('POST', `${base}/chat/completions`, { model: 'step-1', messages: ticketMessages, max_tokens: 6, temperature: 0, stop: [stop] });
+      const stopped = await c.call('POST', `${base}/chat/completions`, {
+        model: 'step-1',
+        messages: ticketMessages,
+        max_tokens: 6,
+        temperature: 0,
+        stop: [stop],
+      });
       expect(stopped.body.choices[0].message.content).toBe(text.slice(0, text.indexOf(stop)));
       expect(stopped.body.choices[0].finish_reason).toBe('stop');
     }

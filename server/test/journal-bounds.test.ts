@@ -4,9 +4,24 @@ import type { RunningServer } from '../index.js';
 import { http, startTestServer } from './helpers.js';
 
 let server: RunningServer | undefined;
-afterEach(async () => { await server?.close(); server = undefined; });
+afterEach(async () => {
+  await server?.close();
+  server = undefined;
+});
 
-const entry = (seq: number, body: unknown): JournalEntry => ({ seq, time: '', surface: 'control', method: 'POST', path: '/x', route: '/x', status: 200, latency_ms: 1, headers: { auth: 'bearer' }, body, response_body: { ok: true } });
+const entry = (seq: number, body: unknown): JournalEntry => ({
+  seq,
+  time: '',
+  surface: 'control',
+  method: 'POST',
+  path: '/x',
+  route: '/x',
+  status: 200,
+  latency_ms: 1,
+  headers: { auth: 'bearer' },
+  body,
+  response_body: { ok: true },
+});
 
 // Issue 31 item 16: with --journal-detail full, each GET /_mock/journal answer was journaled whole, so the
 // journal grew ~3x a read until the route answered 500.
@@ -30,7 +45,9 @@ describe('the journal stays bounded in full detail', () => {
     // Each read adds one small entry: the 25th answer is not thousands of times the first.
     expect(sizes.at(-1)!).toBeLessThan(sizes[0]! + 25 * 1000);
     // Other answers keep their whole body.
-    expect(server.core.journal.query({ surface: 'control' }).find((e) => e.path === '/v1/loops/runs')!.response_body).toMatchObject({ run: { base_model: 'Qwen/Qwen3.5-2B' } });
+    expect(server.core.journal.query({ surface: 'control' }).find((e) => e.path === '/v1/loops/runs')!.response_body).toMatchObject({
+      run: { base_model: 'Qwen/Qwen3.5-2B' },
+    });
   });
 
   it('summarises an entry over the per-entry limit and lets the oldest go beyond the budget', () => {

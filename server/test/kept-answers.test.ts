@@ -119,20 +119,30 @@ describe('AnswerCache', () => {
     expect(cache.get('other', build)).toEqual({ n: 2 });
     server.core.store.setMeta('touched', 'yes');
     expect(cache.get('k', build)).toEqual({ n: 3 });
-    const writing = () => { server.core.store.setMeta('touched', String(++builds)); return { n: builds }; };
+    const writing = () => {
+      server.core.store.setMeta('touched', String(++builds));
+      return { n: builds };
+    };
     expect(cache.get('w', writing)).toEqual({ n: 4 });
     expect(cache.get('w', writing)).toEqual({ n: 5 });
-    expect(() => cache.get('x', () => { throw new Error('not found'); })).toThrow('not found');
+    expect(() =>
+      cache.get('x', () => {
+        throw new Error('not found');
+      }),
+    ).toThrow('not found');
     expect(cache.get('x', build)).toEqual({ n: 6 });
   });
 });
 
 describe('kept answers stay bounded', () => {
   it('keys on the route and its validated parameters: junk or reordered query text is the same answer', () => {
-    const request = (url: string, query: Record<string, unknown>) => ({ principal: { org_id: 'o', team_id: 't', user_id: 'u' }, routeOptions: { url }, params: {}, query }) as unknown as Parameters<typeof answerKey>[0];
+    const request = (url: string, query: Record<string, unknown>) =>
+      ({ principal: { org_id: 'o', team_id: 't', user_id: 'u' }, routeOptions: { url }, params: {}, query }) as unknown as Parameters<typeof answerKey>[0];
     // `GET /v1/loops/runs?&&&` and `?scope=org&base_model=M` vs `?base_model=M&scope=org` parse to these.
     expect(answerKey(request('/v1/loops/runs', {}))).toBe(answerKey(request('/v1/loops/runs', {})));
-    expect(answerKey(request('/v1/loops/runs', { scope: 'org', base_model: 'M' }))).toBe(answerKey(request('/v1/loops/runs', { base_model: 'M', scope: 'org' })));
+    expect(answerKey(request('/v1/loops/runs', { scope: 'org', base_model: 'M' }))).toBe(
+      answerKey(request('/v1/loops/runs', { base_model: 'M', scope: 'org' })),
+    );
     expect(answerKey(request('/v1/loops/runs', { scope: 'org' }))).not.toBe(answerKey(request('/v1/loops/runs', {})));
   });
 

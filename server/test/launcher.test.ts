@@ -10,7 +10,9 @@ import { REPO_ROOT } from './helpers.js';
 
 const BIN = join(REPO_ROOT, 'bin', 'loops-mock.js');
 const started: ChildProcess[] = [];
-afterEach(() => { for (const p of started.splice(0)) if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL'); });
+afterEach(() => {
+  for (const p of started.splice(0)) if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
+});
 
 interface Launched {
   process: ChildProcess;
@@ -22,14 +24,27 @@ interface Launched {
 
 /** Starts `node bin/loops-mock.js serve ...` as a user would, with no settings of its own; resolves once the variables are printed. */
 function launch(args: string[], env: Record<string, string> = {}): Promise<Launched> {
-  const clean = Object.fromEntries(Object.entries(process.env).filter(([k]) => k !== 'MALLOC_MMAP_THRESHOLD_' && !k.startsWith('LOOPS_MOCK_') && k !== 'NODE_OPTIONS'));
-  const child = spawn(process.execPath, [BIN, 'serve', '--port', '0', '--warm', 'none', '--log-format', 'json', ...args], { env: { ...clean, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const clean = Object.fromEntries(
+    Object.entries(process.env).filter(([k]) => k !== 'MALLOC_MMAP_THRESHOLD_' && !k.startsWith('LOOPS_MOCK_') && k !== 'NODE_OPTIONS'),
+  );
+  const child = spawn(process.execPath, [BIN, 'serve', '--port', '0', '--warm', 'none', '--log-format', 'json', ...args], {
+    env: { ...clean, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   started.push(child);
   let out = '';
   let err = '';
-  child.stderr!.on('data', (c) => { err += c; });
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
-  const lines = () => err.split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l) as { level: number; msg: string });
+  child.stderr!.on('data', (c) => {
+    err += c;
+  });
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.on('exit', (code, signal) => resolve({ code, signal })),
+  );
+  const lines = () =>
+    err
+      .split('\n')
+      .filter((l) => l.startsWith('{'))
+      .map((l) => JSON.parse(l) as { level: number; msg: string });
   // stderr is its own pipe: its lines may arrive after stdout's variables.
   const log = async () => {
     while (!lines().some((l) => /^runtime memory settings/.test(l.msg)) && child.exitCode === null) await new Promise((r) => setTimeout(r, 50));
@@ -85,6 +100,11 @@ describe('node bin/loops-mock.js', () => {
     open.process.kill('SIGTERM');
     await open.exited;
     const local = await launch(['--proxy', '--admin', '--ca-dir', caDir]);
-    expect((await local.log()).filter((l) => l.level === 40).map((l) => l.msg).filter((w) => /other machines/.test(w))).toEqual([]);
+    expect(
+      (await local.log())
+        .filter((l) => l.level === 40)
+        .map((l) => l.msg)
+        .filter((w) => /other machines/.test(w)),
+    ).toEqual([]);
   });
 });

@@ -166,7 +166,9 @@ describe('reuse', () => {
     const mismatch = await api.post('/v1/loops/runs', { session_id: await newSession(api), base_model: 'Qwen/Qwen3-8B', reuse_from_run_id: live.id });
     expect(mismatch.status).toBe(400);
     expect(mismatch.body.error.field).toBe('reuse_from_run_id');
-    expect((await api.post('/v1/loops/runs', { session_id: await newSession(api), base_model: 'Qwen/Qwen3-8B', reuse_from_run_id: 'zzzzzzz' })).status).toBe(404);
+    expect((await api.post('/v1/loops/runs', { session_id: await newSession(api), base_model: 'Qwen/Qwen3-8B', reuse_from_run_id: 'zzzzzzz' })).status).toBe(
+      404,
+    );
   });
 
   it('a trainer-only run reusing a run with a sampler keeps that sampler', async () => {
@@ -178,7 +180,7 @@ describe('reuse', () => {
 });
 
 describe('what a stopped run leaves behind', () => {
-  it('frees its sampler\'s weights on deactivation, keeping only its records, checkpoints and published version', async () => {
+  it("frees its sampler's weights on deactivation, keeping only its records, checkpoints and published version", async () => {
     await start();
     const run = await newRun(api, { lora_rank: 4 });
     const trainer = `/trainer/${run.id}`;
@@ -197,7 +199,7 @@ describe('what a stopped run leaves behind', () => {
     expect((await api.get(`/v1/loops/checkpoints?run_id=${run.id}`)).body.checkpoints).toHaveLength(1);
   });
 
-  it('keeps a deployment\'s newest 10,000 log lines, not every request it ever served', async () => {
+  it("keeps a deployment's newest 10,000 log lines, not every request it ever served", async () => {
     await start();
     const run = await newRun(api, { lora_rank: 4 });
     for (let i = 0; i < 11_000; i++) server.core.logs.add(run.deployment_id, 'INFO', `line ${i}`, 'trainer-0', `req-${i}`);

@@ -8,14 +8,22 @@ import { http, startTestServer, wireDatum } from './helpers.js';
 
 const MODEL = 'Qwen/Qwen3.5-2B';
 let server: RunningServer | undefined;
-afterEach(async () => { await server?.close(); server = undefined; });
+afterEach(async () => {
+  await server?.close();
+  server = undefined;
+});
 
 const ids = (n: number, salt = 0) => Array.from({ length: n }, (_, i) => (i * 7919 + 13 + salt) % 150_000);
 
 async function newRun(api: ReturnType<typeof http>, extra: Record<string, unknown> = {}) {
   const session = (await api.call('POST', '/v1/loops/sessions')).body.session.id;
   const res = await api.call('POST', '/v1/loops/runs', { session_id: session, base_model: MODEL, lora_rank: 8, ...extra });
-  return { res, run: res.body.run, trainer: res.body.run && new URL(res.body.run.base_url).pathname, sampler: res.body.run && new URL(res.body.run.sampler.base_url).pathname };
+  return {
+    res,
+    run: res.body.run,
+    trainer: res.body.run && new URL(res.body.run.base_url).pathname,
+    sampler: res.body.run && new URL(res.body.run.sampler.base_url).pathname,
+  };
 }
 
 describe('4,096-token sequences on default settings', () => {
@@ -76,11 +84,19 @@ describe("the server's sequence limit (--max-seq-len-limit, 8192 by default)", (
     const fb = await api.call('POST', `${trainer}/forward_backward`, { data: [wireDatum(long, long)], loss_fn: 'cross_entropy' });
     expect(fb.status).toBe(400);
     expect(fb.body.error.message).toMatch(/data\[0\]\.model_input has 5000 tokens; the server's --max-seq-len-limit \(raise it to allow longer\) is 4096/);
-    const sample = await api.call('POST', `${sampler}/sample`, { prompt: { chunks: [{ type: 'encoded_text', tokens: long }] }, num_samples: 1, sampling_params: { max_tokens: 4 } });
+    const sample = await api.call('POST', `${sampler}/sample`, {
+      prompt: { chunks: [{ type: 'encoded_text', tokens: long }] },
+      num_samples: 1,
+      sampling_params: { max_tokens: 4 },
+    });
     expect(sample.status).toBe(400);
     expect(sample.body.error.message).toMatch(/prompt has 5000 tokens; the server's --max-seq-len-limit/);
     // Sampling's token budget counts against the same limit.
-    const budget = await api.call('POST', `${sampler}/sample`, { prompt: { chunks: [{ type: 'encoded_text', tokens: ids(4090) }] }, num_samples: 1, sampling_params: { max_tokens: 16 } });
+    const budget = await api.call('POST', `${sampler}/sample`, {
+      prompt: { chunks: [{ type: 'encoded_text', tokens: ids(4090) }] },
+      num_samples: 1,
+      sampling_params: { max_tokens: 16 },
+    });
     expect(budget.status).toBe(400);
     expect(budget.body.error).toMatchObject({ field: 'max_tokens' });
     expect(budget.body.error.message).toMatch(/limit of 6 \(max_seq_length 4096 minus the 4090-token prompt/);

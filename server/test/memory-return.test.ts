@@ -8,12 +8,16 @@ import { REPO_ROOT } from './helpers.js';
 
 const g = globalThis as { gc?: () => void };
 const saved = g.gc;
-afterEach(() => { g.gc = saved; });
+afterEach(() => {
+  g.gc = saved;
+});
 
 describe('memory back to the system', () => {
   it('collects once, shortly after a burst of runs stopping, and under a sustained load at most once a gap; where gc is exposed; does nothing where it is not', async () => {
     let collections = 0;
-    g.gc = () => { collections++; };
+    g.gc = () => {
+      collections++;
+    };
     const collect = collectorAfterReleases(50, 100);
     for (let i = 0; i < 20; i++) collect();
     expect(collections).toBe(0);
@@ -25,7 +29,9 @@ describe('memory back to the system', () => {
     // Releases that keep coming (every 25 ms for 400 ms): a collection per 150 ms gap at most, not one every
     // 50 ms; and the last one after the last release.
     const times: number[] = [];
-    g.gc = () => { times.push(performance.now()); };
+    g.gc = () => {
+      times.push(performance.now());
+    };
     const slow = collectorAfterReleases(50, 150);
     let lastRelease = 0;
     for (let i = 0; i < 16; i++) {
@@ -52,7 +58,9 @@ describe('memory back to the system', () => {
     const child = spawn(link, ['--port', '0', '--log-level', 'silent'], { stdio: ['ignore', 'pipe', 'ignore'] });
     try {
       await new Promise<void>((resolve, reject) => {
-        child.stdout!.on('data', (d: Buffer) => { if (d.toString().includes('listening on')) resolve(); });
+        child.stdout!.on('data', (d: Buffer) => {
+          if (d.toString().includes('listening on')) resolve();
+        });
         child.once('exit', (code) => reject(new Error(`exited with ${code}`)));
       });
       const environ = readFileSync(`/proc/${child.pid}/environ`, 'utf8').split('\0');

@@ -5,8 +5,14 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { client, fakeCheckpointFiles, newRun, startTestServer } from './helpers.js';
 
 const dirs: string[] = [];
-afterEach(() => { for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true }); });
-const tempDir = () => { const d = mkdtempSync(join(tmpdir(), 'loops-mock-')); dirs.push(d); return d; };
+afterEach(() => {
+  for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
+});
+const tempDir = () => {
+  const d = mkdtempSync(join(tmpdir(), 'loops-mock-'));
+  dirs.push(d);
+  return d;
+};
 
 describe('a data dir', () => {
   it('brings every record back after a restart; live runs come back INACTIVE with the reason logged', async () => {

@@ -27,13 +27,16 @@ afterAll(async () => {
 });
 
 describe('proxy mode with the Hub mirror', () => {
-  it('answers Baseten\'s control plane at api.baseten.co through the proxy', async () => {
-    const res = await undiciFetch('https://api.baseten.co/v1/loops/capabilities', { dispatcher: agent, headers: { authorization: `Api-Key ${server.env.BASETEN_API_KEY}` } });
+  it("answers Baseten's control plane at api.baseten.co through the proxy", async () => {
+    const res = await undiciFetch('https://api.baseten.co/v1/loops/capabilities', {
+      dispatcher: agent,
+      headers: { authorization: `Api-Key ${server.env.BASETEN_API_KEY}` },
+    });
     expect(res.status).toBe(200);
     expect(((await res.json()) as { supported_models: { model_name: string }[] }).supported_models.map((m) => m.model_name)).toContain('Qwen/Qwen3.5-2B');
   });
 
-  it('serves a base model\'s repo at huggingface.co through the proxy, and a file of it', async () => {
+  it("serves a base model's repo at huggingface.co through the proxy, and a file of it", async () => {
     const info = (await (await undiciFetch('https://huggingface.co/api/models/Qwen/Qwen3.5-2B', { dispatcher: agent })).json()) as { id: string; sha: string };
     expect(info.id).toBe('Qwen/Qwen3.5-2B');
     expect(info.sha).toMatch(/^[0-9a-f]{40}$/);

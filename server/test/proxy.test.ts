@@ -105,11 +105,16 @@ function keptLeaf(dir = caDir): X509Certificate {
 /** A plain-HTTP proxy request (absolute-form target) to the proxy at `url`. */
 function plainProxyRequest(url: string, target: string, headers: Record<string, string> = {}): Promise<{ status: number; body: string }> {
   return new Promise((resolve, reject) => {
-    const req = httpRequest({ host: '127.0.0.1', port: Number(new URL(url).port), path: target, headers: { host: new URL(target).host, ...headers } }, (res) => {
-      let text = '';
-      res.on('data', (d: Buffer) => { text += d.toString(); });
-      res.on('end', () => resolve({ status: res.statusCode!, body: text }));
-    });
+    const req = httpRequest(
+      { host: '127.0.0.1', port: Number(new URL(url).port), path: target, headers: { host: new URL(target).host, ...headers } },
+      (res) => {
+        let text = '';
+        res.on('data', (d: Buffer) => {
+          text += d.toString();
+        });
+        res.on('end', () => resolve({ status: res.statusCode!, body: text }));
+      },
+    );
     req.on('error', reject);
     req.end();
   });
@@ -142,7 +147,10 @@ describe('the local CA', () => {
       const shown = await new Promise<X509Certificate>((resolve, reject) => {
         rawConnect('api.baseten.co:443', again.url).then(({ socket }) => {
           const tls = tlsConnect({ socket, servername: 'api.baseten.co', ca: pem });
-          tls.once('secureConnect', () => { resolve(tls.getPeerX509Certificate()!); tls.destroy(); });
+          tls.once('secureConnect', () => {
+            resolve(tls.getPeerX509Certificate()!);
+            tls.destroy();
+          });
           tls.once('error', reject);
         }, reject);
       });
@@ -200,21 +208,43 @@ describe('proxy mode, as clients see it', () => {
   });
 
   it('curl with --proxy and --cacert does too, and without the CA refuses the certificate', async () => {
-    const { stdout } = await run('curl', ['-sS', '--proxy', server.url, '--cacert', join(caDir, 'ca.pem'), '-H', `Authorization: Bearer ${KEY}`, 'https://api.baseten.co/v1/loops/capabilities']);
+    const { stdout } = await run('curl', [
+      '-sS',
+      '--proxy',
+      server.url,
+      '--cacert',
+      join(caDir, 'ca.pem'),
+      '-H',
+      `Authorization: Bearer ${KEY}`,
+      'https://api.baseten.co/v1/loops/capabilities',
+    ]);
     expect(JSON.parse(stdout).supported_models.length).toBeGreaterThan(0);
-    const refused = await run('curl', ['-sS', '--proxy', server.url, 'https://api.baseten.co/v1/loops/capabilities']).then(() => null, (err: { code: number; stderr: string }) => err);
+    const refused = await run('curl', ['-sS', '--proxy', server.url, 'https://api.baseten.co/v1/loops/capabilities']).then(
+      () => null,
+      (err: { code: number; stderr: string }) => err,
+    );
     expect(refused?.code).toBe(60);
     const entry = await proxyEntry((e) => /does not trust the loops-mock CA/.test(e.proxy?.error ?? ''));
     expect(entry.host).toBe('api.baseten.co');
   });
 
-  it('answers plain-HTTP proxy requests for Baseten\'s hosts (absolute-form targets) like HTTPS ones', async () => {
+  it("answers plain-HTTP proxy requests for Baseten's hosts (absolute-form targets) like HTTPS ones", async () => {
     const plain = await new Promise<{ status: number; body: string }>((resolve, reject) => {
-      const req = httpRequest({ host: '127.0.0.1', port: Number(new URL(server.url).port), path: 'http://api.baseten.co/v1/loops/capabilities', headers: { host: 'api.baseten.co', authorization: `Bearer ${KEY}` } }, (res) => {
-        let text = '';
-        res.on('data', (d: Buffer) => { text += d.toString(); });
-        res.on('end', () => resolve({ status: res.statusCode!, body: text }));
-      });
+      const req = httpRequest(
+        {
+          host: '127.0.0.1',
+          port: Number(new URL(server.url).port),
+          path: 'http://api.baseten.co/v1/loops/capabilities',
+          headers: { host: 'api.baseten.co', authorization: `Bearer ${KEY}` },
+        },
+        (res) => {
+          let text = '';
+          res.on('data', (d: Buffer) => {
+            text += d.toString();
+          });
+          res.on('end', () => resolve({ status: res.statusCode!, body: text }));
+        },
+      );
       req.on('error', reject);
       req.end();
     });
@@ -226,7 +256,10 @@ describe('proxy mode, as clients see it', () => {
 
   it('hands out Baseten-shaped trainer, sampler and download URLs, and serves every plane on them', async () => {
     const session = (await viaProxy('https://api.baseten.co/v1/loops/sessions', { method: 'POST' })).json().session;
-    const created = await viaProxy('https://api.baseten.co/v1/loops/runs', { method: 'POST', body: { session_id: session.id, base_model: 'Qwen/Qwen3.5-2B', lora_rank: 4, max_seq_len: 64 } });
+    const created = await viaProxy('https://api.baseten.co/v1/loops/runs', {
+      method: 'POST',
+      body: { session_id: session.id, base_model: 'Qwen/Qwen3.5-2B', lora_rank: 4, max_seq_len: 64 },
+    });
     expect(created.status).toBe(200);
     const runView = created.json().run;
     expect(runView.base_url).toBe(`https://model-${runView.deployment_id}.api.baseten.co/deployment/${runView.id}/sync`);
@@ -250,7 +283,11 @@ describe('proxy mode, as clients see it', () => {
     const saved = await op('save_weights_for_sampler', { name: 'proxied' });
     expect((await viaProxy(`${trainer}/policy_version`)).json().policy_version).toBe(1);
 
-    const sampled = await viaProxy(`${sampler.base_url}/sample`, { method: 'POST', body: { prompt: datum.model_input, sampling_params: { max_tokens: 3, temperature: 0 } }, headers: { 'x-min-policy-version': '1' } });
+    const sampled = await viaProxy(`${sampler.base_url}/sample`, {
+      method: 'POST',
+      body: { prompt: datum.model_input, sampling_params: { max_tokens: 3, temperature: 0 } },
+      headers: { 'x-min-policy-version': '1' },
+    });
     expect(sampled.status, sampled.text).toBe(200);
     expect(sampled.json().policy_version).toBe(1);
     expect((await viaProxy(`${sampler.base_url}/v1/models`)).json().data.length).toBe(2);
@@ -289,11 +326,16 @@ describe('what the proxy refuses, and why', () => {
     expect(head).toMatch(/^HTTP\/1\.1 403 loops-mock does not proxy example\.com: .*--proxy-passthrough example\.com/);
     expect(JSON.parse(body).error).toMatchObject({ type: 'proxy_refused', host: 'example.com' });
     const plain = await new Promise<{ status: number; body: string }>((resolve, reject) => {
-      const req = httpRequest({ host: '127.0.0.1', port: Number(new URL(server.url).port), path: 'http://example.org/some/path', headers: { host: 'example.org' } }, (res) => {
-        let text = '';
-        res.on('data', (d: Buffer) => { text += d.toString(); });
-        res.on('end', () => resolve({ status: res.statusCode!, body: text }));
-      });
+      const req = httpRequest(
+        { host: '127.0.0.1', port: Number(new URL(server.url).port), path: 'http://example.org/some/path', headers: { host: 'example.org' } },
+        (res) => {
+          let text = '';
+          res.on('data', (d: Buffer) => {
+            text += d.toString();
+          });
+          res.on('end', () => resolve({ status: res.statusCode!, body: text }));
+        },
+      );
       req.on('error', reject);
       req.end();
     });
@@ -347,7 +389,12 @@ describe('clients that leave, and the handshake limit', () => {
     const closed = new Promise((r) => socket.once('close', r));
     // The proxy ends its side too (the client sees the close), and the journal says why, well within the 10 s.
     await closed;
-    const entry = await proxyEntry((e) => e.seq > 0 && server.core.journal.query({ surface: 'proxy' }).indexOf(e) >= before && /client closed the connection before the TLS handshake/.test(e.proxy?.error ?? ''));
+    const entry = await proxyEntry(
+      (e) =>
+        e.seq > 0 &&
+        server.core.journal.query({ surface: 'proxy' }).indexOf(e) >= before &&
+        /client closed the connection before the TLS handshake/.test(e.proxy?.error ?? ''),
+    );
     expect(entry.proxy?.action).toBe('intercept');
   });
 
@@ -393,12 +440,15 @@ describe('shutdown in proxy mode', () => {
     const closing = await startTestServer({ proxy: true, caDir, engines, proxyPassthrough: [`127.0.0.1:${(upstream.address() as AddressInfo).port}`] });
     const port = Number(new URL(closing.url).port);
     const keptAlive = new ProxyAgent({ uri: closing.url, requestTls: { ca: readFileSync(join(caDir, 'ca.pem'), 'utf8') } });
-    expect((await undiciFetch('https://api.baseten.co/v1/loops/capabilities', { dispatcher: keptAlive, headers: { authorization: 'Bearer k' } })).status).toBe(200);
-    const open = (target: string) => new Promise<import('node:net').Socket>((resolve) => {
-      const socket = connect(port, '127.0.0.1', () => socket.write(`CONNECT ${target} HTTP/1.1\r\n\r\n`));
-      socket.once('data', () => resolve(socket));
-      socket.on('error', () => undefined);
-    });
+    expect((await undiciFetch('https://api.baseten.co/v1/loops/capabilities', { dispatcher: keptAlive, headers: { authorization: 'Bearer k' } })).status).toBe(
+      200,
+    );
+    const open = (target: string) =>
+      new Promise<import('node:net').Socket>((resolve) => {
+        const socket = connect(port, '127.0.0.1', () => socket.write(`CONNECT ${target} HTTP/1.1\r\n\r\n`));
+        socket.once('data', () => resolve(socket));
+        socket.on('error', () => undefined);
+      });
     const tunnel = await open(`127.0.0.1:${(upstream.address() as AddressInfo).port}`);
     const handshake = await open('api.baseten.co:443');
     const started = Date.now();
@@ -459,11 +509,16 @@ describe('--proxy-passthrough', () => {
     });
     expect(tunnelled).toContain('upstream saw GET /through-the-tunnel');
     const forwarded = await new Promise<string>((resolve, reject) => {
-      const req = httpRequest({ host: '127.0.0.1', port: proxyPort, path: `http://127.0.0.1:${port}/plain?x=1`, headers: { host: `127.0.0.1:${port}` } }, (res) => {
-        let text = '';
-        res.on('data', (d: Buffer) => { text += d.toString(); });
-        res.on('end', () => resolve(text));
-      });
+      const req = httpRequest(
+        { host: '127.0.0.1', port: proxyPort, path: `http://127.0.0.1:${port}/plain?x=1`, headers: { host: `127.0.0.1:${port}` } },
+        (res) => {
+          let text = '';
+          res.on('data', (d: Buffer) => {
+            text += d.toString();
+          });
+          res.on('end', () => resolve(text));
+        },
+      );
       req.on('error', reject);
       req.end();
     });
@@ -495,10 +550,16 @@ describe('--proxy-passthrough', () => {
     expect((await proxyEntry((e) => e.path === `127.0.0.1:${deadPort}`, passing.core)).status).toBe(502);
   });
 
-  it('does not forward the proxy\'s own headers (Proxy-Authorization, Proxy-Connection) nor hop-by-hop ones upstream', async () => {
+  it("does not forward the proxy's own headers (Proxy-Authorization, Proxy-Connection) nor hop-by-hop ones upstream", async () => {
     const port = (upstream.address() as AddressInfo).port;
     seen = undefined;
-    const res = await plainProxyRequest(passing.url, `http://127.0.0.1:${port}/h`, { 'proxy-authorization': 'Basic c2VjcmV0', 'proxy-connection': 'keep-alive', connection: 'x-hop', 'x-hop': '1', 'x-kept': 'yes' });
+    const res = await plainProxyRequest(passing.url, `http://127.0.0.1:${port}/h`, {
+      'proxy-authorization': 'Basic c2VjcmV0',
+      'proxy-connection': 'keep-alive',
+      connection: 'x-hop',
+      'x-hop': '1',
+      'x-kept': 'yes',
+    });
     expect(res.body).toBe('upstream saw GET /h');
     expect(seen).toMatchObject({ 'x-kept': 'yes' });
     expect(Object.keys(seen!).filter((h) => ['proxy-authorization', 'proxy-connection', 'x-hop'].includes(h))).toEqual([]);
@@ -508,15 +569,19 @@ describe('--proxy-passthrough', () => {
     const port = (upstream.address() as AddressInfo).port;
     const { socket } = await rawConnect('api.baseten.co:443', passing.url);
     const tls = tlsConnect({ socket, servername: 'api.baseten.co', ca: readFileSync(join(caDir, 'ca.pem'), 'utf8') });
-    await new Promise((r, j) => { tls.once('secureConnect', r); tls.once('error', j); });
-    const answer = (text: string) => new Promise<string>((resolve) => {
-      let data = '';
-      tls.on('data', (d: Buffer) => {
-        data += d.toString();
-        if (data.includes('}')) resolve(data);
-      });
-      tls.write(text);
+    await new Promise((r, j) => {
+      tls.once('secureConnect', r);
+      tls.once('error', j);
     });
+    const answer = (text: string) =>
+      new Promise<string>((resolve) => {
+        let data = '';
+        tls.on('data', (d: Buffer) => {
+          data += d.toString();
+          if (data.includes('}')) resolve(data);
+        });
+        tls.write(text);
+      });
     // Without the check the inner CONNECT would open a tunnel to the passthrough upstream.
     const nested = await answer(`CONNECT 127.0.0.1:${port} HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\n\r\n`);
     expect(nested).toMatch(/^HTTP\/1\.1 403 loops-mock refuses a proxy request sent inside one of its own tunnels/);
@@ -524,10 +589,15 @@ describe('--proxy-passthrough', () => {
 
     const again = await rawConnect('api.baseten.co:443', passing.url);
     const inner = tlsConnect({ socket: again.socket, servername: 'api.baseten.co', ca: readFileSync(join(caDir, 'ca.pem'), 'utf8') });
-    await new Promise((r, j) => { inner.once('secureConnect', r); inner.once('error', j); });
+    await new Promise((r, j) => {
+      inner.once('secureConnect', r);
+      inner.once('error', j);
+    });
     const forwarded = await new Promise<string>((resolve) => {
       let data = '';
-      inner.on('data', (d: Buffer) => { data += d.toString(); });
+      inner.on('data', (d: Buffer) => {
+        data += d.toString();
+      });
       inner.on('end', () => resolve(data));
       inner.write(`GET http://127.0.0.1:${port}/nested HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nConnection: close\r\n\r\n`);
     });
@@ -537,16 +607,24 @@ describe('--proxy-passthrough', () => {
   });
 
   it('reads HOST and HOST:PORT from the command line', () => {
-    expect(parseOptions(['--proxy-passthrough', 'Example.com,127.0.0.1:8080,[::1]:8443,::1']).proxyPassthrough).toEqual(['example.com', '127.0.0.1:8080', '[::1]:8443', '::1']);
+    expect(parseOptions(['--proxy-passthrough', 'Example.com,127.0.0.1:8080,[::1]:8443,::1']).proxyPassthrough).toEqual([
+      'example.com',
+      '127.0.0.1:8080',
+      '[::1]:8443',
+      '::1',
+    ]);
   });
 
   it('refuses a bad --proxy-passthrough and --public-url with --proxy at start', async () => {
-    const cli = (args: string[]) => new Promise<{ code: number | null; stderr: string }>((resolve) => {
-      const child = spawn('npx', ['tsx', join(REPO_ROOT, 'server/cli.ts'), '--port', '0', '--proxy', '--ca-dir', caDir, ...args], { cwd: REPO_ROOT });
-      let stderr = '';
-      child.stderr.on('data', (d: Buffer) => { stderr += d.toString(); });
-      child.on('close', (code) => resolve({ code, stderr }));
-    });
+    const cli = (args: string[]) =>
+      new Promise<{ code: number | null; stderr: string }>((resolve) => {
+        const child = spawn('npx', ['tsx', join(REPO_ROOT, 'server/cli.ts'), '--port', '0', '--proxy', '--ca-dir', caDir, ...args], { cwd: REPO_ROOT });
+        let stderr = '';
+        child.stderr.on('data', (d: Buffer) => {
+          stderr += d.toString();
+        });
+        child.on('close', (code) => resolve({ code, stderr }));
+      });
     const badHost = await cli(['--proxy-passthrough', 'example.com:99999']);
     expect(badHost.code).toBe(2);
     expect(badHost.stderr).toMatch(/--proxy-passthrough takes HOST \(its port 443\) or HOST:PORT, .*got 'example.com:99999': the port must be 1-65535/);

@@ -28,11 +28,16 @@ beforeAll(async () => {
   dir = mkdtempSync(join(tmpdir(), 'python-plugin-'));
   pytest = await new Promise((resolve) => {
     const child = spawn(PYTHON, ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', join(REPO_ROOT, 'python', 'tests')], {
-      cwd: dir, env: { PATH: process.env.PATH ?? '', HOME: dir, LOOPS_MOCK_BIN },
+      cwd: dir,
+      env: { PATH: process.env.PATH ?? '', HOME: dir, LOOPS_MOCK_BIN },
     });
     let output = '';
-    child.stdout.on('data', (d: Buffer) => { output += d.toString(); });
-    child.stderr.on('data', (d: Buffer) => { output += d.toString(); });
+    child.stdout.on('data', (d: Buffer) => {
+      output += d.toString();
+    });
+    child.stderr.on('data', (d: Buffer) => {
+      output += d.toString();
+    });
     child.on('close', (code) => resolve({ code, output }));
   });
 }, 120_000);

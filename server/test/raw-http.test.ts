@@ -13,7 +13,12 @@ beforeAll(async () => {
 });
 afterAll(() => server.close());
 
-interface RawAnswer { status: number; headers: string; body: string; ms: number }
+interface RawAnswer {
+  status: number;
+  headers: string;
+  body: string;
+  ms: number;
+}
 
 /** Writes `chunks` to a fresh connection (each after `gapMs`) and reads until the server closes it. */
 function raw(chunks: (string | Buffer)[], gapMs = 0): Promise<RawAnswer> {
@@ -22,13 +27,20 @@ function raw(chunks: (string | Buffer)[], gapMs = 0): Promise<RawAnswer> {
     const socket = connect(port, '127.0.0.1');
     let data = Buffer.alloc(0);
     let timer: NodeJS.Timeout | undefined;
-    socket.on('data', (d: Buffer) => { data = Buffer.concat([data, d]); });
+    socket.on('data', (d: Buffer) => {
+      data = Buffer.concat([data, d]);
+    });
     socket.on('error', () => undefined);
     socket.on('close', () => {
       clearTimeout(timer);
       const text = data.toString('latin1');
       const split = text.indexOf('\r\n\r\n');
-      resolve({ status: Number(/^HTTP\/1\.1 (\d{3})/.exec(text)?.[1] ?? 0), headers: text.slice(0, split), body: text.slice(split + 4), ms: Date.now() - started });
+      resolve({
+        status: Number(/^HTTP\/1\.1 (\d{3})/.exec(text)?.[1] ?? 0),
+        headers: text.slice(0, split),
+        body: text.slice(split + 4),
+        ms: Date.now() - started,
+      });
     });
     let i = 0;
     const next = () => {
@@ -37,7 +49,10 @@ function raw(chunks: (string | Buffer)[], gapMs = 0): Promise<RawAnswer> {
       timer = setTimeout(next, gapMs);
     };
     socket.once('connect', next);
-    setTimeout(() => { socket.destroy(); reject(new Error('no answer in 15 s')); }, 15_000).unref();
+    setTimeout(() => {
+      socket.destroy();
+      reject(new Error('no answer in 15 s'));
+    }, 15_000).unref();
   });
 }
 
@@ -45,7 +60,8 @@ const errorOf = (a: RawAnswer) => (JSON.parse(a.body) as { error: { type: string
 
 describe('requests that never reach the app', () => {
   it('a body that trickles in is cut off with 408 after --body-timeout-ms; headers after --headers-timeout-ms', async () => {
-    const head = 'POST /v1/loops/sessions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer k\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n';
+    const head =
+      'POST /v1/loops/sessions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer k\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n';
     const body = await raw([head, ...Array.from({ length: 30 }, () => '  ')], 300);
     expect(body.status).toBe(408);
     expect(errorOf(body).type).toBe('request_timeout');
@@ -58,11 +74,20 @@ describe('requests that never reach the app', () => {
 
   it('leaves long polls alone: a poll waits its whole window, longer than the body timeout, and answers 408 operation_pending', async () => {
     const headers = { authorization: 'Bearer k', 'content-type': 'application/json' };
-    const session = (await (await fetch(`${server.url}/v1/loops/sessions`, { method: 'POST', headers: { authorization: 'Bearer k' } })).json() as any).session.id;
-    const run = (await (await fetch(`${server.url}/v1/loops/runs`, { method: 'POST', headers, body: JSON.stringify({ session_id: session, base_model: 'Qwen/Qwen3.5-2B', lora_rank: 4 }) })).json() as any).run;
+    const session = ((await (await fetch(`${server.url}/v1/loops/sessions`, { method: 'POST', headers: { authorization: 'Bearer k' } })).json()) as any).session
+      .id;
+    const run = (
+      (await (
+        await fetch(`${server.url}/v1/loops/runs`, {
+          method: 'POST',
+          headers,
+          body: JSON.stringify({ session_id: session, base_model: 'Qwen/Qwen3.5-2B', lora_rank: 4 }),
+        })
+      ).json()) as any
+    ).run;
     // A progress rule (the admin API's, here through the core) holds the step: the poll has nothing to answer for its window.
     server.core.progress.add({ mode: 'manual', match: { op: 'optim_step' } });
-    const op = (await (await fetch(`${run.base_url}/optim_step`, { method: 'POST', headers, body: '{}' })).json() as any).operation_id;
+    const op = ((await (await fetch(`${run.base_url}/optim_step`, { method: 'POST', headers, body: '{}' })).json()) as any).operation_id;
     const started = Date.now();
     const poll = await fetch(`${run.base_url}/operations/${op}`, { headers });
     expect(poll.status).toBe(408);

@@ -50,17 +50,19 @@ beforeAll(async () => {
   if (referenceAvailable && process.env.LOOPS_REFERENCE_FACTS_WRITE === '1') {
     writeFileSync(FACTS_PATH, `${JSON.stringify(referenceFacts(JSON.parse(readFileSync(REFERENCE_PATH, 'utf8')), 'baseten-loops-openapi.json'), null, 1)}\n`);
   }
-  if (!existsSync(FACTS_PATH)) throw new Error(`${FACTS_PATH} is missing: run the test with the reference beside the checkout and LOOPS_REFERENCE_FACTS_WRITE=1`);
+  if (!existsSync(FACTS_PATH))
+    throw new Error(`${FACTS_PATH} is missing: run the test with the reference beside the checkout and LOOPS_REFERENCE_FACTS_WRITE=1`);
   facts = JSON.parse(readFileSync(FACTS_PATH, 'utf8')) as ReferenceFacts;
   // Where the published document is at hand, the committed facts must be what it says, or every test below fails.
   if (referenceAvailable) {
     const derived = referenceFacts(JSON.parse(readFileSync(REFERENCE_PATH, 'utf8')) as Schema, facts.source);
-    if (JSON.stringify(derived) !== JSON.stringify(facts)) throw new Error(`${FACTS_PATH} no longer matches ${REFERENCE_PATH}: write it afresh with LOOPS_REFERENCE_FACTS_WRITE=1`);
+    if (JSON.stringify(derived) !== JSON.stringify(facts))
+      throw new Error(`${FACTS_PATH} no longer matches ${REFERENCE_PATH}: write it afresh with LOOPS_REFERENCE_FACTS_WRITE=1`);
   }
 });
 afterAll(() => server.close());
 
-describe('against Baseten\'s published schema', () => {
+describe("against Baseten's published schema", () => {
   it('serves every route of the reference', () => {
     const have = new Set(operations(ours).map(([p, m]) => `${m} ${p}`));
     expect(Object.keys(facts.operations).filter((k) => !have.has(k))).toEqual([]);
@@ -70,7 +72,10 @@ describe('against Baseten\'s published schema', () => {
   it('names every query parameter as the reference does', () => {
     for (const [key, theirs] of Object.entries(facts.operations)) {
       const [method, path] = key.split(' ') as [string, string];
-      const mine = ours.paths[path][method].parameters.filter((p: Schema) => p.in === 'query').map((p: Schema) => p.name).sort();
+      const mine = ours.paths[path][method].parameters
+        .filter((p: Schema) => p.in === 'query')
+        .map((p: Schema) => p.name)
+        .sort();
       expect(mine, key).toEqual(theirs.query);
     }
   });

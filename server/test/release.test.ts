@@ -31,9 +31,11 @@ describe('release hygiene', () => {
     if (referenceAvailable) expect((JSON.parse(readFileSync(REFERENCE_PATH, 'utf8')) as { info: { version: string } }).info.version).toBe(LOOPS_API_VERSION);
   });
 
-  it('installs skip the CUDA download: the docs use ONNXRUNTIME_NODE_INSTALL, the checkout\'s .npmrc only its own npm ci', () => {
+  it("installs skip the CUDA download: the docs use ONNXRUNTIME_NODE_INSTALL, the checkout's .npmrc only its own npm ci", () => {
     // The checkout's own `npm ci` (the quick start) must work offline without a variable set first.
-    const settings = read('.npmrc').split('\n').filter((l) => l.trim() && !l.trim().startsWith('#'));
+    const settings = read('.npmrc')
+      .split('\n')
+      .filter((l) => l.trim() && !l.trim().startsWith('#'));
     expect(settings).toEqual(['onnxruntime-node-install=skip']);
     for (const doc of ['README.md', 'docs/ci.md', 'python/README.md']) {
       expect(read(doc), doc).not.toMatch(/--onnxruntime-node-install/);
@@ -55,10 +57,17 @@ describe('npm run test:quick', () => {
 
 describe('docs that stand alone', () => {
   it('nothing tracked in the repository points to a file outside it', () => {
-    const tracked = execFileSync('git', ['ls-files'], { cwd: REPO_ROOT, encoding: 'utf8' }).split('\n')
+    const tracked = execFileSync('git', ['ls-files'], { cwd: REPO_ROOT, encoding: 'utf8' })
+      .split('\n')
       .filter((f) => /\.(md|ts|mjs|js|py|yml|yaml|sh|json|toml)$/.test(f) && !f.startsWith('sdk-fixtures/') && f !== 'server/test/release.test.ts');
     const outside = /PROTOCOL\.md|\.\.\/shared\b|\/work\//;
-    const found = tracked.flatMap((f) => read(f).split('\n').map((line, i) => ({ f, i, line })).filter(({ line }) => outside.test(line)))
+    const found = tracked
+      .flatMap((f) =>
+        read(f)
+          .split('\n')
+          .map((line, i) => ({ f, i, line }))
+          .filter(({ line }) => outside.test(line)),
+      )
       // The test helpers may look beside the checkout for Baseten's published schema; the facts they need are committed.
       .filter(({ f }) => f !== 'server/test/helpers.ts' && f !== 'server/test/reference-schema.test.ts');
     expect(found.map(({ f, i, line }) => `${f}:${i + 1}: ${line.trim().slice(0, 120)}`)).toEqual([]);

@@ -9,7 +9,10 @@ import { startTestServer } from './helpers.js';
 // rebinding) nor make the admin API change anything with the requests a browser lets any page send.
 
 let server: RunningServer | undefined;
-afterEach(async () => { await server?.close(); server = undefined; });
+afterEach(async () => {
+  await server?.close();
+  server = undefined;
+});
 
 async function start(options: StartOptions = {}) {
   server = await startTestServer({ admin: true, ...options });
@@ -26,7 +29,9 @@ function withHost(url: string, host: string, path: string): Promise<{ status: nu
   return new Promise((resolve, reject) => {
     const req = httpRequest({ host: '127.0.0.1', port, path, headers: { host } }, (res) => {
       let text = '';
-      res.on('data', (c) => { text += c; });
+      res.on('data', (c) => {
+        text += c;
+      });
       res.on('end', () => resolve({ status: res.statusCode!, body: JSON.parse(text) }));
     });
     req.on('error', reject);
@@ -34,8 +39,8 @@ function withHost(url: string, host: string, path: string): Promise<{ status: nu
   });
 }
 
-describe('Host: only the server\'s own names are answered (DNS rebinding)', () => {
-  it('refuses a page\'s own name with 403 naming --allowed-host, on the dashboard and the admin API, and changes nothing', async () => {
+describe("Host: only the server's own names are answered (DNS rebinding)", () => {
+  it("refuses a page's own name with 403 naming --allowed-host, on the dashboard and the admin API, and changes nothing", async () => {
     const { send, admin } = await start();
     await admin.addFault({ match: { surface: 'trainer' }, action: { type: 'respond', status: 503 } });
     const read = await send('GET', '/_mock/dashboard/overview', { host: 'rebind.example:8787' });
@@ -50,23 +55,36 @@ describe('Host: only the server\'s own names are answered (DNS rebinding)', () =
 
   it('answers localhost, *.localhost, IP addresses with or without a port, and a request with no Host (HTTP/1.0)', async () => {
     const { send } = await start();
-    for (const host of ['localhost', 'localhost:8787', 'LOCALHOST.', 'app.localhost:3000', '127.0.0.1:8787', '[::1]:8787', '[::1]', '192.168.1.20:8787', '10.0.0.1']) {
+    for (const host of [
+      'localhost',
+      'localhost:8787',
+      'LOCALHOST.',
+      'app.localhost:3000',
+      '127.0.0.1:8787',
+      '[::1]:8787',
+      '[::1]',
+      '192.168.1.20:8787',
+      '10.0.0.1',
+    ]) {
       expect((await send('GET', '/healthz', { host })).status, host).toBe(200);
     }
     const port = Number(new URL(server!.url).port);
     const answer = await new Promise<string>((resolve, reject) => {
       const socket = connect(port, '127.0.0.1', () => socket.write('GET /healthz HTTP/1.0\r\n\r\n'));
       let text = '';
-      socket.on('data', (c) => { text += c; });
+      socket.on('data', (c) => {
+        text += c;
+      });
       socket.on('end', () => resolve(text));
       socket.on('error', reject);
     });
     expect(answer).toMatch(/^HTTP\/1\.[01] 200/);
   });
 
-  it('answers the names it is started under: --allowed-host, --host and --public-url\'s host; a real server refuses others', async () => {
+  it("answers the names it is started under: --allowed-host, --host and --public-url's host; a real server refuses others", async () => {
     await start({ allowedHost: ['box.lan', 'loops-mock'], publicUrl: 'http://mock.internal:9000' });
-    for (const host of ['box.lan:8787', 'Box.LAN', 'loops-mock:8787', 'mock.internal:9000']) expect((await withHost(server!.url, host, '/healthz')).status, host).toBe(200);
+    for (const host of ['box.lan:8787', 'Box.LAN', 'loops-mock:8787', 'mock.internal:9000'])
+      expect((await withHost(server!.url, host, '/healthz')).status, host).toBe(200);
     const refused = await withHost(server!.url, 'other.lan:8787', '/healthz');
     expect(refused.status).toBe(403);
     expect(refused.body.error.message).toMatch(/'box\.lan', 'loops-mock', .*'mock\.internal'/);
@@ -83,7 +101,12 @@ describe('Host: only the server\'s own names are answered (DNS rebinding)', () =
   });
 
   it('--allowed-host takes names and addresses without a port, from flags and LOOPS_MOCK_ALLOWED_HOST', () => {
-    expect(parseOptions(['--allowed-host', 'Box.lan,[fe80::1]', '--allowed-host', 'svc_name'], { LOOPS_MOCK_ALLOWED_HOST: 'env.lan' }).allowedHost).toEqual(['env.lan', 'box.lan', 'fe80::1', 'svc_name']);
+    expect(parseOptions(['--allowed-host', 'Box.lan,[fe80::1]', '--allowed-host', 'svc_name'], { LOOPS_MOCK_ALLOWED_HOST: 'env.lan' }).allowedHost).toEqual([
+      'env.lan',
+      'box.lan',
+      'fe80::1',
+      'svc_name',
+    ]);
     expect(() => parseOptions(['--allowed-host', 'box.lan:8787'])).toThrow(ConfigError);
     expect(() => parseOptions(['--allowed-host', 'http://box.lan'])).toThrow(/--allowed-host takes host names/);
   });
@@ -104,12 +127,14 @@ describe('the admin API refuses changes a page of another site could make (CSRF)
     for (const [method, url, headers, payload] of attempts) {
       const res = await send(method, url, headers, payload);
       expect([res.status, res.body.error.field], `${method} ${url}`).toEqual([403, 'headers.x-loops-mock-admin']);
-      expect(res.body.error.message).toContain("X-Loops-Mock-Admin: 1");
+      expect(res.body.error.message).toContain('X-Loops-Mock-Admin: 1');
     }
     expect(await admin.faults()).toHaveLength(1);
     // Reads need nothing; JSON bodies and the header pass.
     expect((await send('GET', '/_mock/journal')).status).toBe(200);
-    expect((await send('POST', '/_mock/faults', { 'content-type': 'application/json' }, JSON.stringify({ action: { type: 'respond', status: 500 } }))).status).toBe(200);
+    expect(
+      (await send('POST', '/_mock/faults', { 'content-type': 'application/json' }, JSON.stringify({ action: { type: 'respond', status: 500 } }))).status,
+    ).toBe(200);
     expect((await send('POST', '/_mock/operations/op123/release', { 'x-loops-mock-admin': '1' })).status).toBe(404);
     expect((await send('POST', '/_mock/reset', { 'x-loops-mock-admin': '1' })).status).toBe(200);
     expect(await admin.faults()).toHaveLength(0);

@@ -5,7 +5,10 @@ import { deployTrainedCheckpoint } from './deployed-checkpoint.js';
 import { client, newRun, startTestServer, wireDatum } from './helpers.js';
 
 let server: RunningServer | undefined;
-afterEach(async () => { await server?.close(); server = undefined; });
+afterEach(async () => {
+  await server?.close();
+  server = undefined;
+});
 
 const prompt = (n: number) => ({ chunks: [{ type: 'encoded_text', tokens: Array.from({ length: n }, (_, i) => 100 + i) }] });
 
@@ -31,7 +34,12 @@ describe('the work one request may ask for', () => {
     server.core.settings.maxSampledTokens = 10_000;
     const d = await deployTrainedCheckpoint(server, 'Qwen/Qwen3.5-2B', 4);
     server.core.settings.maxSampledTokens = 100;
-    const chat = await server.app.inject({ method: 'POST', url: `/model/${d.model_id}/deployment/${d.deployment_id}/sync/v1/chat/completions`, headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' }, payload: JSON.stringify({ model: d.model, messages: d.cases[0]!.messages, max_tokens: 4, n: 16 }) });
+    const chat = await server.app.inject({
+      method: 'POST',
+      url: `/model/${d.model_id}/deployment/${d.deployment_id}/sync/v1/chat/completions`,
+      headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' },
+      payload: JSON.stringify({ model: d.model, messages: d.cases[0]!.messages, max_tokens: 4, n: 16 }),
+    });
     expect([chat.statusCode, chat.json().error.param]).toEqual([400, 'n']);
     expect(chat.json().error.message).toContain('--max-sampled-tokens');
   }, 120_000);
@@ -40,7 +48,11 @@ describe('the work one request may ask for', () => {
     server = await startTestServer({ maxBatchTokens: 12 });
     const api = client(server);
     const trainer = new URL((await newRun(api, { lora_rank: 4 })).base_url).pathname;
-    const datum = (n: number) => wireDatum(Array.from({ length: n }, (_, i) => 100 + i), Array.from({ length: n }, (_, i) => 101 + i));
+    const datum = (n: number) =>
+      wireDatum(
+        Array.from({ length: n }, (_, i) => 100 + i),
+        Array.from({ length: n }, (_, i) => 101 + i),
+      );
     expect((await api.post(`${trainer}/forward_backward`, { data: [datum(5), datum(7)] })).status).toBe(200);
     for (const op of ['forward', 'forward_backward']) {
       const over = await api.post(`${trainer}/${op}`, { data: [datum(5), datum(7), datum(1)] });
@@ -58,7 +70,9 @@ describe('large bodies are refused on their sizes first', () => {
     const api = client(server);
     const trainer = new URL((await newRun(api, { lora_rank: 4 })).base_url).pathname;
     // 250 datums of 8,000 ids, each within the run's length; the last id of all is outside the vocabulary.
-    const data = Array.from({ length: 250 }, (_, d) => ({ model_input: { chunks: [{ type: 'encoded_text', tokens: Array.from({ length: 8000 }, (_, i) => (d === 249 && i === 7999 ? -5 : 100 + (i % 5000))) }] } }));
+    const data = Array.from({ length: 250 }, (_, d) => ({
+      model_input: { chunks: [{ type: 'encoded_text', tokens: Array.from({ length: 8000 }, (_, i) => (d === 249 && i === 7999 ? -5 : 100 + (i % 5000))) }] },
+    }));
     const res = await api.post(`${trainer}/forward`, { data });
     expect([res.status, res.body.error.field]).toEqual([400, 'data']);
     expect(res.body.error.message).toContain('data has 2000000 positions in 250 datums');
@@ -77,7 +91,12 @@ describe('large bodies are refused on their sizes first', () => {
   it('a number that is not finite is still found anywhere in a large body, by its path', async () => {
     server = await startTestServer();
     const ids = Array.from({ length: 300_000 }, (_, i) => i % 1000).join(',');
-    const res = await server.app.inject({ method: 'POST', url: '/v1/loops/sessions', headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' }, payload: `{"x":[{"y":[${ids}]},{"z":[1,2,[3,1e400]]}]}` });
+    const res = await server.app.inject({
+      method: 'POST',
+      url: '/v1/loops/sessions',
+      headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' },
+      payload: `{"x":[{"y":[${ids}]},{"z":[1,2,[3,1e400]]}]}`,
+    });
     expect([res.statusCode, res.json().error.field]).toEqual([400, 'body.x[1].z[2][1]']);
   });
 });
@@ -87,11 +106,15 @@ function slowPost(base: string, path: string, key: string, body: string) {
   const url = new URL(path, base);
   let finish!: () => void;
   const answered = new Promise<{ status: number; body: any; headers: Record<string, unknown> }>((resolve, reject) => {
-    const req = request(url, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => resolve({ status: res.statusCode!, body: JSON.parse(Buffer.concat(chunks).toString() || 'null'), headers: res.headers }));
-    });
+    const req = request(
+      url,
+      { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => resolve({ status: res.statusCode!, body: JSON.parse(Buffer.concat(chunks).toString() || 'null'), headers: res.headers }));
+      },
+    );
     req.on('error', reject);
     req.write(body.slice(0, 10));
     req.flushHeaders();
@@ -112,7 +135,12 @@ describe('request bodies held at once', () => {
     const second = slowPost(server.url, `${sampler}/sample`, server.apiKey, body(500));
     second.finish();
     const refused = await second.answered;
-    expect([refused.status, refused.body.error.type, refused.body.error.limit, refused.headers['retry-after']]).toEqual([503, 'unavailable', 'body_bytes_in_flight', '1']);
+    expect([refused.status, refused.body.error.type, refused.body.error.limit, refused.headers['retry-after']]).toEqual([
+      503,
+      'unavailable',
+      'body_bytes_in_flight',
+      '1',
+    ]);
     expect(refused.body.error.message).toContain('--body-bytes-in-flight');
     // A large refused body is discarded as it arrives, not cut off: the client sends it whole and reads the 503.
     const large = slowPost(server.url, `${sampler}/sample`, server.apiKey, JSON.stringify({ pad: 'p'.repeat(8 * 2 ** 20) }));

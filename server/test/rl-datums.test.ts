@@ -40,11 +40,19 @@ beforeAll(async () => {
   trainer = new URL(run.base_url).pathname;
   sampler = new URL(run.sampler.base_url).pathname;
   // One step first, so the weights are not the base model's alone; then publish them and sample from them.
-  const sft = TICKETS.slice(0, 2).map(([t, l]) => { const d = datum(tok, t, l); return wireDatum(d.tokens, d.targetTokens!); });
+  const sft = TICKETS.slice(0, 2).map(([t, l]) => {
+    const d = datum(tok, t, l);
+    return wireDatum(d.tokens, d.targetTokens!);
+  });
   await api.op(trainer, 'forward_backward', { data: sft, loss_fn: 'cross_entropy' });
   await api.op(trainer, 'optim_step', { adam_params: { learning_rate: 1e-2 } });
   await api.op(trainer, 'save_weights_for_sampler', { name: 'rollout' });
-  const res = await api.call('POST', `${sampler}/sample`, { prompt: { chunks: [{ type: 'encoded_text', tokens: promptTokens }] }, num_samples: 4, sampling_params: { max_tokens: 8, temperature: 1, seed: 11 } }, { 'x-min-policy-version': '1' });
+  const res = await api.call(
+    'POST',
+    `${sampler}/sample`,
+    { prompt: { chunks: [{ type: 'encoded_text', tokens: promptTokens }] }, num_samples: 4, sampling_params: { max_tokens: 8, temperature: 1, seed: 11 } },
+    { 'x-min-policy-version': '1' },
+  );
   expect(res.status).toBe(200);
   samples = res.body.sequences;
   expect(samples.every((s) => s.tokens.length > 1)).toBe(true);
@@ -83,7 +91,7 @@ describe("the RL guide's datums (no target_tokens): position k scores token k", 
     for (let t = 0; t + 1 < tokens.length; t++) expect(Math.abs(tokenAligned[t + 1] - nextToken[t])).toBeLessThan(1e-5);
   });
 
-  it('with explicit target_tokens keeps Tinker\'s convention: position k scores target_tokens[k] given inputs 0..k', async () => {
+  it("with explicit target_tokens keeps Tinker's convention: position k scores target_tokens[k] given inputs 0..k", async () => {
     const s = samples[1]!;
     const tokens = [...promptTokens, ...s.tokens.slice(0, -1)];
     const targets = [...promptTokens.slice(1), ...s.tokens];
@@ -165,7 +173,9 @@ describe('top_k_logprobs', () => {
       }
       // The most likely token's logprob is the one reported when that token is the target.
       const asTarget = await api.op(trainer, 'forward', { data: [wireDatum(tokens, top1)] });
-      top1.forEach((id, t) => { if (id !== -100) expect(Math.abs(asTarget.loss_fn_outputs[0].logprobs.data[t] - out.top_k_logprobs.data[t * k])).toBeLessThan(1e-5); });
+      top1.forEach((id, t) => {
+        if (id !== -100) expect(Math.abs(asTarget.loss_fn_outputs[0].logprobs.data[t] - out.top_k_logprobs.data[t * k])).toBeLessThan(1e-5);
+      });
     }
   });
 
@@ -193,7 +203,11 @@ describe('top_k_logprobs', () => {
     const d = wireDatum(promptTokens, [...promptTokens.slice(1), -100]);
     expect(Object.keys((await api.op(trainer, 'forward', { data: [d] })).loss_fn_outputs[0])).toEqual(['logprobs']);
     expect(Object.keys((await api.op(trainer, 'forward', { data: [d], top_k_logprobs: 0 })).loss_fn_outputs[0])).toEqual(['logprobs']);
-    for (const [value, field, message] of [[21, 'top_k_logprobs', /0\.\.20/], [-1, 'top_k_logprobs', /0\.\.20/], [2.5, 'body.top_k_logprobs', /integer/]] as const) {
+    for (const [value, field, message] of [
+      [21, 'top_k_logprobs', /0\.\.20/],
+      [-1, 'top_k_logprobs', /0\.\.20/],
+      [2.5, 'body.top_k_logprobs', /integer/],
+    ] as const) {
       for (const op of ['forward', 'forward_backward']) {
         const res = await api.call('POST', `${trainer}/${op}`, { data: [d], top_k_logprobs: value });
         expect(res.status, `${op} ${value}`).toBe(400);

@@ -16,7 +16,11 @@ async function start(options: StartOptions = {}) {
 
 function api(base: string) {
   const call = async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => {
-    const res = await fetch(`${base}${path}`, { method, headers: { authorization: 'Bearer sampler-test', ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers }, body: body === undefined ? undefined : JSON.stringify(body) });
+    const res = await fetch(`${base}${path}`, {
+      method,
+      headers: { authorization: 'Bearer sampler-test', ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
     const text = await res.text();
     return { status: res.status, body: text ? JSON.parse(text) : null, headers: res.headers };
   };
@@ -36,7 +40,13 @@ function api(base: string) {
   };
   /** One training step and a publish: the sampler's next version. */
   const trainAndPublish = async (trainer: string, name: string) => {
-    const data = TICKETS.slice(0, 2).map(([t, l]) => { const d = datum(tok, t, l); return { model_input: { chunks: [{ type: 'encoded_text', tokens: d.tokens }] }, loss_fn_inputs: { target_tokens: { data: d.targetTokens, dtype: 'int64' } } }; });
+    const data = TICKETS.slice(0, 2).map(([t, l]) => {
+      const d = datum(tok, t, l);
+      return {
+        model_input: { chunks: [{ type: 'encoded_text', tokens: d.tokens }] },
+        loss_fn_inputs: { target_tokens: { data: d.targetTokens, dtype: 'int64' } },
+      };
+    });
     await op(trainer, 'forward_backward', { data, loss_fn: 'cross_entropy' });
     await op(trainer, 'optim_step', { adam_params: { learning_rate: 1e-2 } });
     return op(trainer, 'save_weights_for_sampler', { name });
@@ -45,7 +55,12 @@ function api(base: string) {
 }
 
 const promptTokens = tok.encode(prompt(TICKETS[0]![0]));
-const sampleBody = (extra: Record<string, unknown> = {}) => ({ prompt: { chunks: [{ type: 'encoded_text', tokens: promptTokens }] }, num_samples: 2, sampling_params: { max_tokens: 6, temperature: 1, seed: 3 }, ...extra });
+const sampleBody = (extra: Record<string, unknown> = {}) => ({
+  prompt: { chunks: [{ type: 'encoded_text', tokens: promptTokens }] },
+  num_samples: 2,
+  sampling_params: { max_tokens: 6, temperature: 1, seed: 3 },
+  ...extra,
+});
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 describe('version floors', () => {
@@ -57,7 +72,13 @@ describe('version floors', () => {
     expect(published.policy_version).toBe(1);
     const lagging = await c.call('POST', `${sampler}/sample`, sampleBody(), { 'x-min-policy-version': '1' });
     expect(lagging.status).toBe(408);
-    expect(lagging.body.error).toMatchObject({ type: 'policy_version_floor', floor: 1, published_version: 1, unreachable: false, replicas: [{ replica: 0, policy_version: 0 }] });
+    expect(lagging.body.error).toMatchObject({
+      type: 'policy_version_floor',
+      floor: 1,
+      published_version: 1,
+      unreachable: false,
+      replicas: [{ replica: 0, policy_version: 0 }],
+    });
     expect(lagging.headers.get('retry-after')).toBe('1');
     await sleep(350);
     const served = await c.call('POST', `${sampler}/sample`, sampleBody(), { 'x-min-policy-version': '1' });
@@ -111,13 +132,21 @@ describe('version floors', () => {
     const c = await start({ samplerReplicas: 2, weightSyncDelayMs: [0, 400], floorWaitMs: 50 });
     const { trainer, sampler } = await c.run();
     // Affinity: the same key always lands on the same replica.
-    const replicaOf = async (key: string) => (await c.call('POST', `${sampler}/compute_logprobs`, { prompt: sampleBody().prompt }, { 'x-affinity-key': key })).headers.get('x-loops-mock-replica');
+    const replicaOf = async (key: string) =>
+      (await c.call('POST', `${sampler}/compute_logprobs`, { prompt: sampleBody().prompt }, { 'x-affinity-key': key })).headers.get('x-loops-mock-replica');
     const keys = ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta'];
     const first = await Promise.all(keys.map(replicaOf));
     expect(await Promise.all(keys.map(replicaOf))).toEqual(first);
     expect(new Set(first).size).toBe(2);
     await c.trainAndPublish(trainer, 'v1');
-    expect((await c.call('GET', `${sampler}/policy_version`)).body).toEqual({ policy_version: 1, replicas: [{ replica: 0, policy_version: 1 }, { replica: 1, policy_version: 0 }], published_version: 1 });
+    expect((await c.call('GET', `${sampler}/policy_version`)).body).toEqual({
+      policy_version: 1,
+      replicas: [
+        { replica: 0, policy_version: 1 },
+        { replica: 1, policy_version: 0 },
+      ],
+      published_version: 1,
+    });
     // Without affinity, the up-to-date replica serves the floor.
     for (let i = 0; i < 3; i++) {
       const r = await c.call('POST', `${sampler}/compute_logprobs`, { prompt: sampleBody().prompt }, { 'x-min-policy-version': '1' });
@@ -126,9 +155,17 @@ describe('version floors', () => {
     }
     // A key pinned to the lagging replica waits for it (then 408): affinity is never broken to meet a floor.
     const laggingKey = keys[first.indexOf('1')]!;
-    expect((await c.call('POST', `${sampler}/compute_logprobs`, { prompt: sampleBody().prompt }, { 'x-min-policy-version': '1', 'x-affinity-key': laggingKey })).status).toBe(408);
+    expect(
+      (await c.call('POST', `${sampler}/compute_logprobs`, { prompt: sampleBody().prompt }, { 'x-min-policy-version': '1', 'x-affinity-key': laggingKey }))
+        .status,
+    ).toBe(408);
     await sleep(450);
-    const caughtUp = await c.call('POST', `${sampler}/compute_logprobs`, { prompt: sampleBody().prompt }, { 'x-min-policy-version': '1', 'x-affinity-key': laggingKey });
+    const caughtUp = await c.call(
+      'POST',
+      `${sampler}/compute_logprobs`,
+      { prompt: sampleBody().prompt },
+      { 'x-min-policy-version': '1', 'x-affinity-key': laggingKey },
+    );
     expect(caughtUp.status).toBe(200);
     expect(caughtUp.headers.get('x-loops-mock-replica')).toBe('1');
   });
@@ -140,17 +177,29 @@ describe('versions after a load', () => {
     const { run, trainer, sampler } = await c.run();
     const tokens = promptTokens;
     const promptLogprobs = async (floor: number) => {
-      const r = await c.call('POST', `${sampler}/compute_logprobs`, { prompt: { chunks: [{ type: 'encoded_text', tokens }] } }, { 'x-min-policy-version': String(floor) });
+      const r = await c.call(
+        'POST',
+        `${sampler}/compute_logprobs`,
+        { prompt: { chunks: [{ type: 'encoded_text', tokens }] } },
+        { 'x-min-policy-version': String(floor) },
+      );
       expect(r.status, JSON.stringify(r.body)).toBe(200);
       return r.body as { logprobs: (number | null)[]; policy_version: number };
     };
     const trainerLogprobs = async () => {
       const targets = tokens.map((_, i) => (i + 1 < tokens.length ? tokens[i + 1]! : -100));
-      const fwd = await c.op(trainer, 'forward', { data: [{ model_input: { chunks: [{ type: 'encoded_text', tokens }] }, loss_fn_inputs: { target_tokens: { data: targets, dtype: 'int64' } } }], loss_fn: 'cross_entropy' });
+      const fwd = await c.op(trainer, 'forward', {
+        data: [{ model_input: { chunks: [{ type: 'encoded_text', tokens }] }, loss_fn_inputs: { target_tokens: { data: targets, dtype: 'int64' } } }],
+        loss_fn: 'cross_entropy',
+      });
       return (fwd.loss_fn_outputs[0].logprobs.data as number[]).slice(0, tokens.length - 1);
     };
     const versions: number[] = [];
-    const trainerVersion = async () => { const v = (await c.call('GET', `${trainer}/policy_version`)).body.policy_version; versions.push(v); return v; };
+    const trainerVersion = async () => {
+      const v = (await c.call('GET', `${trainer}/policy_version`)).body.policy_version;
+      versions.push(v);
+      return v;
+    };
 
     expect((await c.trainAndPublish(trainer, 'step-1')).policy_version).toBe(1);
     await c.op(trainer, 'save_state', { name: 'step-1' });
@@ -174,9 +223,21 @@ describe('versions after a load', () => {
 
     // Both replicas go live at the new version.
     await sleep(350);
-    expect((await c.call('GET', `${sampler}/policy_version`)).body).toMatchObject({ policy_version: 4, replicas: [{ replica: 0, policy_version: 4 }, { replica: 1, policy_version: 4 }], published_version: 4 });
+    expect((await c.call('GET', `${sampler}/policy_version`)).body).toMatchObject({
+      policy_version: 4,
+      replicas: [
+        { replica: 0, policy_version: 4 },
+        { replica: 1, policy_version: 4 },
+      ],
+      published_version: 4,
+    });
     for (const key of ['alpha', 'beta', 'gamma', 'delta']) {
-      const r = await c.call('POST', `${sampler}/compute_logprobs`, { prompt: { chunks: [{ type: 'encoded_text', tokens }] } }, { 'x-min-policy-version': '4', 'x-affinity-key': key });
+      const r = await c.call(
+        'POST',
+        `${sampler}/compute_logprobs`,
+        { prompt: { chunks: [{ type: 'encoded_text', tokens }] } },
+        { 'x-min-policy-version': '4', 'x-affinity-key': key },
+      );
       expect(r.status).toBe(200);
       expected.forEach((lp, i) => expect(Math.abs(r.body.logprobs[i + 1] - lp)).toBeLessThan(1e-4));
     }
@@ -194,12 +255,17 @@ describe('sampling routes', () => {
     const c = await start();
     const { trainer, sampler } = await c.run();
     await c.trainAndPublish(trainer, 'v1');
-    const { sequences, policy_version } = (await c.call('POST', `${sampler}/sample`, sampleBody({ sampling_params: { max_tokens: 8, temperature: 1, seed: 9 } }))).body;
+    const { sequences, policy_version } = (
+      await c.call('POST', `${sampler}/sample`, sampleBody({ sampling_params: { max_tokens: 8, temperature: 1, seed: 9 } }))
+    ).body;
     expect(policy_version).toBe(1);
     for (const s of sequences) {
       const tokens = [...promptTokens, ...s.tokens];
       const targets = tokens.map((_, i) => (i >= promptTokens.length - 1 && i + 1 < tokens.length ? tokens[i + 1]! : -100));
-      const fwd = await c.op(trainer, 'forward', { data: [{ model_input: { chunks: [{ type: 'encoded_text', tokens }] }, loss_fn_inputs: { target_tokens: { data: targets, dtype: 'int64' } } }], loss_fn: 'cross_entropy' });
+      const fwd = await c.op(trainer, 'forward', {
+        data: [{ model_input: { chunks: [{ type: 'encoded_text', tokens }] }, loss_fn_inputs: { target_tokens: { data: targets, dtype: 'int64' } } }],
+        loss_fn: 'cross_entropy',
+      });
       const trainerLp = fwd.loss_fn_outputs[0].logprobs.data.slice(promptTokens.length - 1, tokens.length - 1);
       s.logprobs.forEach((lp: number, k: number) => expect(Math.abs(lp - trainerLp[k])).toBeLessThan(1e-4));
       const cl = (await c.call('POST', `${sampler}/compute_logprobs`, { prompt: { chunks: [{ type: 'encoded_text', tokens }] } })).body;
@@ -217,11 +283,13 @@ describe('sampling routes', () => {
     expect(b.sequences).toEqual(a.sequences);
     const greedy = { max_tokens: 6, temperature: 0 };
     const free = (await c.call('POST', `${sampler}/sample`, sampleBody({ num_samples: 1, sampling_params: greedy }))).body.sequences[0];
-    const byId = (await c.call('POST', `${sampler}/sample`, sampleBody({ num_samples: 1, sampling_params: { ...greedy, stop: [free.tokens[1]] } }))).body.sequences[0];
+    const byId = (await c.call('POST', `${sampler}/sample`, sampleBody({ num_samples: 1, sampling_params: { ...greedy, stop: [free.tokens[1]] } }))).body
+      .sequences[0];
     expect(byId.stop_reason).toBe('stop');
     expect(byId.tokens.length).toBeLessThanOrEqual(2);
     const text = tok.decode(free.tokens.slice(0, 3));
-    const byText = (await c.call('POST', `${sampler}/sample`, sampleBody({ num_samples: 1, sampling_params: { ...greedy, stop: text.slice(-2) } }))).body.sequences[0];
+    const byText = (await c.call('POST', `${sampler}/sample`, sampleBody({ num_samples: 1, sampling_params: { ...greedy, stop: text.slice(-2) } }))).body
+      .sequences[0];
     expect(byText.stop_reason).toBe('stop');
     const withPrompt = (await c.call('POST', `${sampler}/sample`, sampleBody({ include_prompt_logprobs: true, topk_prompt_logprobs: 3 }))).body;
     expect(withPrompt.prompt_token_ids).toEqual(promptTokens);
@@ -231,7 +299,7 @@ describe('sampling routes', () => {
     expect(withPrompt.topk_prompt_logprobs[1]).toHaveLength(3);
   });
 
-  it('serves OpenAI-style completions and lists models in vLLM\'s format', async () => {
+  it("serves OpenAI-style completions and lists models in vLLM's format", async () => {
     const c = await start();
     const { trainer, sampler, run } = await c.run();
     const base = (await c.call('GET', `${sampler}/v1/models`)).body;
@@ -283,7 +351,9 @@ describe('sampler lifecycle', () => {
     await c.trainAndPublish(trainer, 'v1');
     const greedy = sampleBody({ num_samples: 1, sampling_params: { max_tokens: 6, temperature: 0 } });
     const paired = (await c.call('POST', `${sampler}/sample`, greedy)).body.sequences[0].tokens;
-    const standalone = (await c.call('POST', '/v1/loops/samplers', { session_id: run.session_id, base_model: MODEL, model_path: `bt://loops:${run.id}/sampler_weights/v1` })).body.sampler;
+    const standalone = (
+      await c.call('POST', '/v1/loops/samplers', { session_id: run.session_id, base_model: MODEL, model_path: `bt://loops:${run.id}/sampler_weights/v1` })
+    ).body.sampler;
     const fromCheckpoint = (await c.call('POST', `${new URL(standalone.base_url).pathname}/sample`, greedy)).body.sequences[0].tokens;
     expect(fromCheckpoint).toEqual(paired);
     const base = (await c.call('POST', '/v1/loops/samplers', { session_id: run.session_id, base_model: MODEL })).body.sampler;

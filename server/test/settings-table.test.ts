@@ -19,15 +19,21 @@ interface ReadmeFlagRow {
 function readmeFlagRows(readme: string): ReadmeFlagRow[] {
   const section = /^## Flags\n([\s\S]*?)(?=^## )/m.exec(readme)?.[1];
   if (!section) throw new Error('README.md has no "## Flags" section');
-  return section.split('\n').filter((line) => line.startsWith('| `--')).map((line) => {
-    // A `\|` inside a cell (`--clock real\|virtual`) is not a column break.
-    const [flagCell = '', envCell = '', defaultCell = ''] = line.split(/(?<!\\)\|/).slice(1).map((cell) => cell.trim());
-    return {
-      flags: [...flagCell.matchAll(/`--([a-z][a-z-]*)/g)].map((m) => m[1]!),
-      env: /`(LOOPS_MOCK_[A-Z_]+)`/.exec(envCell)?.[1] ?? '',
-      default: defaultCell,
-    };
-  });
+  return section
+    .split('\n')
+    .filter((line) => line.startsWith('| `--'))
+    .map((line) => {
+      // A `\|` inside a cell (`--clock real\|virtual`) is not a column break.
+      const [flagCell = '', envCell = '', defaultCell = ''] = line
+        .split(/(?<!\\)\|/)
+        .slice(1)
+        .map((cell) => cell.trim());
+      return {
+        flags: [...flagCell.matchAll(/`--([a-z][a-z-]*)/g)].map((m) => m[1]!),
+        env: /`(LOOPS_MOCK_[A-Z_]+)`/.exec(envCell)?.[1] ?? '',
+        default: defaultCell,
+      };
+    });
 }
 
 /** What README and the table disagree on, one line each; empty when they agree. */
@@ -76,14 +82,63 @@ describe('the settings table', () => {
   const startupOnly = SETTINGS_TABLE.filter((row) => !row.live);
 
   it('names each live setting in snake_case after its option, and each flag after its wire name', () => {
-    expect(live.map((row) => row.wire)).toEqual(['cold_start_ms', 'model_cold_start_ms', 'deactivation_ms', 'sampler_replicas', 'weight_sync_delay_ms', 'floor_wait_ms', 'max_seq_len_limit', 'max_tokens_limit', 'max_sampled_tokens', 'max_batch_tokens', 'body_bytes_in_flight', 'long_poll_ms', 'operation_ttl_ms', 'run_idle_timeout_ms', 'sampler_idle_ms']);
+    expect(live.map((row) => row.wire)).toEqual([
+      'cold_start_ms',
+      'model_cold_start_ms',
+      'deactivation_ms',
+      'sampler_replicas',
+      'weight_sync_delay_ms',
+      'floor_wait_ms',
+      'max_seq_len_limit',
+      'max_tokens_limit',
+      'max_sampled_tokens',
+      'max_batch_tokens',
+      'body_bytes_in_flight',
+      'long_poll_ms',
+      'operation_ttl_ms',
+      'run_idle_timeout_ms',
+      'sampler_idle_ms',
+    ]);
     for (const row of live) {
       expect(row.wire).toBe(row.option.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`));
       if (row.flag) expect(row.flag).toBe(row.wire!.replace(/_/g, '-'));
     }
     expect(live.filter((row) => !row.flag).map((row) => row.wire)).toEqual(['max_tokens_limit', 'run_idle_timeout_ms', 'sampler_idle_ms']);
     expect(startupOnly.every((row) => row.flag && !row.wire)).toBe(true);
-    expect(startupOnly.map((row) => row.flag).sort()).toEqual(['admin', 'admin-token', 'allowed-host', 'api-key', 'batch-runs', 'body-limit', 'body-timeout-ms', 'ca-dir', 'clock', 'data-dir', 'data-dir-fresh', 'device', 'exit-with-parent', 'fault-seed', 'headers-timeout-ms', 'host', 'journal', 'journal-detail', 'journal-size', 'log-format', 'log-level', 'port', 'presign-ttl-s', 'proxy', 'proxy-passthrough', 'public-url', 'rebuild-records', 'scenario', 'tokenizer', 'unembedding-rank', 'warm', 'write-env']);
+    expect(startupOnly.map((row) => row.flag).sort()).toEqual([
+      'admin',
+      'admin-token',
+      'allowed-host',
+      'api-key',
+      'batch-runs',
+      'body-limit',
+      'body-timeout-ms',
+      'ca-dir',
+      'clock',
+      'data-dir',
+      'data-dir-fresh',
+      'device',
+      'exit-with-parent',
+      'fault-seed',
+      'headers-timeout-ms',
+      'host',
+      'journal',
+      'journal-detail',
+      'journal-size',
+      'log-format',
+      'log-level',
+      'port',
+      'presign-ttl-s',
+      'proxy',
+      'proxy-passthrough',
+      'public-url',
+      'rebuild-records',
+      'scenario',
+      'tokenizer',
+      'unembedding-rank',
+      'warm',
+      'write-env',
+    ]);
     for (const row of FLAG_ROWS) expect(row.env).toBe(`LOOPS_MOCK_${row.flag.toUpperCase().replace(/-/g, '_')}`);
   });
 
@@ -103,7 +158,9 @@ describe('flags from the table', () => {
     expect(() => parseOptions([], { LOOPS_MOCK_SAMPLER_REPLICAS: '65' })).toThrow("--sampler-replicas must be a whole number from 1 to 64, got '65'");
     // The flag stops at 10 minutes while the admin API allows a day (as before the table).
     expect(() => parseOptions(['--floor-wait-ms', '600001'])).toThrow("--floor-wait-ms must be a whole number from 0 to 600000, got '600001'");
-    expect(() => parseOptions(['--weight-sync-delay-ms', '1,86400001'])).toThrow("--weight-sync-delay-ms must be a whole number from 0 to 86400000, got '86400001'");
+    expect(() => parseOptions(['--weight-sync-delay-ms', '1,86400001'])).toThrow(
+      "--weight-sync-delay-ms must be a whole number from 0 to 86400000, got '86400001'",
+    );
     const optionOf = (argv: string[], env: Record<string, string>, key: string) => (parseOptions(argv, env) as unknown as Record<string, unknown>)[key];
     for (const row of LIVE_SETTING_ROWS.filter((r) => r.flag)) {
       const flag = row.wire.replace(/_/g, '-');
@@ -149,7 +206,9 @@ describe('flags from the table', () => {
 });
 
 describe('the admin settings schema and applySettings', () => {
-  const validate = validatorCompiler({ schema: SettingsPatch, httpPart: 'body', method: 'PATCH', url: '/_mock/settings' }) as unknown as (value: unknown) => boolean;
+  const validate = validatorCompiler({ schema: SettingsPatch, httpPart: 'body', method: 'PATCH', url: '/_mock/settings' }) as unknown as (
+    value: unknown,
+  ) => boolean;
   const wires = LIVE_SETTING_ROWS.map((row) => row.wire);
   const refusal = (wire: Record<string, unknown>) => {
     try {
@@ -184,7 +243,9 @@ describe('the admin settings schema and applySettings', () => {
       const [min, max] = row.range;
       for (const bad of [min - 1, max + 1, min + 0.5]) {
         expect(validate({ [row.wire]: bad }), `${row.wire} ${bad}`).toBe(false);
-        expect(refusal({ [row.wire]: bad })).toBe(`settings.${row.wire}${row.shape === 'list' ? '[0]' : ''} must be a whole number from ${min} to ${max}, got ${bad}.`);
+        expect(refusal({ [row.wire]: bad })).toBe(
+          `settings.${row.wire}${row.shape === 'list' ? '[0]' : ''} must be a whole number from ${min} to ${max}, got ${bad}.`,
+        );
       }
       for (const good of [min, max]) {
         expect(validate({ [row.wire]: good }), `${row.wire} ${good}`).toBe(true);
@@ -204,8 +265,12 @@ function runCli(script: string, args: string[]): Promise<{ code: number | null; 
     const child = spawn(process.execPath, ['--import', 'tsx', join(REPO_ROOT, script), ...args], { cwd: REPO_ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
     let stdout = '';
     let stderr = '';
-    child.stdout.on('data', (d) => { stdout += d; });
-    child.stderr.on('data', (d) => { stderr += d; });
+    child.stdout.on('data', (d) => {
+      stdout += d;
+    });
+    child.stderr.on('data', (d) => {
+      stderr += d;
+    });
     child.on('exit', (code) => resolve({ code, stdout, stderr }));
   });
 }

@@ -15,11 +15,25 @@ describe('startServer options', () => {
     expect(optionNameOf('presign-ttl-s')).toBe('presignTtlS');
     // A field named otherwise inside the server is a 0.1 name with its alias; a new flag gets no other name.
     for (const row of FLAG_ROWS) if (row.option !== optionNameOf(row.flag)) expect(DEPRECATED_OPTION_NAMES[row.option], row.flag).toBe(optionNameOf(row.flag));
-    const { options } = resolveStartOptions({ warm: 'none', clock: 'virtual', apiKey: 'k1:org', journal: '/tmp/j.ndjson', presignTtlS: 60, tokenizer: 'Qwen/Qwen3-8B=./t.json' });
-    expect(options).toMatchObject({ warmModels: [], clockMode: 'virtual', apiKeys: [{ key: 'k1', org: 'org' }], journalFile: '/tmp/j.ndjson', presignTtlSeconds: 60, tokenizers: { 'Qwen/Qwen3-8B': './t.json' } });
+    const { options } = resolveStartOptions({
+      warm: 'none',
+      clock: 'virtual',
+      apiKey: 'k1:org',
+      journal: '/tmp/j.ndjson',
+      presignTtlS: 60,
+      tokenizer: 'Qwen/Qwen3-8B=./t.json',
+    });
+    expect(options).toMatchObject({
+      warmModels: [],
+      clockMode: 'virtual',
+      apiKeys: [{ key: 'k1', org: 'org' }],
+      journalFile: '/tmp/j.ndjson',
+      presignTtlSeconds: 60,
+      tokenizers: { 'Qwen/Qwen3-8B': './t.json' },
+    });
   });
 
-  it('take the flag text or the typed value, through the flag\'s own check', () => {
+  it("take the flag text or the typed value, through the flag's own check", () => {
     expect(resolveStartOptions({ port: '0' as unknown as number }).options.port).toBe(0);
     expect(resolveStartOptions({ warm: [] }).options.warmModels).toEqual([]);
     expect(resolveStartOptions({ warm: ['Qwen/Qwen3-8B'] }).options.warmModels).toEqual(['Qwen/Qwen3-8B']);
@@ -42,7 +56,9 @@ describe('startServer options', () => {
       }
       throw new Error('accepted');
     };
-    expect(refused({ warmModel: 'none' })).toMatch(/^startServer: unknown option 'warmModel' \(did you mean 'warm'\?\); the options are the flags of loops-mock serve in camelCase \(port, host, /);
+    expect(refused({ warmModel: 'none' })).toMatch(
+      /^startServer: unknown option 'warmModel' \(did you mean 'warm'\?\); the options are the flags of loops-mock serve in camelCase \(port, host, /,
+    );
     expect(refused({ logLevl: 'warn' })).toMatch(/unknown option 'logLevl' \(did you mean 'logLevel'\?\)/);
     expect(refused({ presignTtlSecs: 5 })).toMatch(/did you mean 'presignTtlS'\?/);
     expect(refused({ zzzzzzzzzzzz: 1 })).toMatch(/^startServer: unknown option 'zzzzzzzzzzzz'; the options/);
@@ -51,8 +67,22 @@ describe('startServer options', () => {
   });
 
   it('keep the 0.1 names as deprecated aliases', () => {
-    const { options } = resolveStartOptions({ warmModels: [], clockMode: 'virtual', apiKeys: [{ key: 'old' }], journalFile: '/tmp/x', presignTtlSeconds: 7, tokenizers: {} });
-    expect(options).toMatchObject({ warmModels: [], clockMode: 'virtual', apiKeys: [{ key: 'old' }], journalFile: '/tmp/x', presignTtlSeconds: 7, tokenizers: {} });
+    const { options } = resolveStartOptions({
+      warmModels: [],
+      clockMode: 'virtual',
+      apiKeys: [{ key: 'old' }],
+      journalFile: '/tmp/x',
+      presignTtlSeconds: 7,
+      tokenizers: {},
+    });
+    expect(options).toMatchObject({
+      warmModels: [],
+      clockMode: 'virtual',
+      apiKeys: [{ key: 'old' }],
+      journalFile: '/tmp/x',
+      presignTtlSeconds: 7,
+      tokenizers: {},
+    });
   });
 
   it('take a Clock for clock (time driven by hand)', async () => {
@@ -89,7 +119,7 @@ describe('close() and the warm-up', () => {
   });
 });
 
-describe('the browser\'s icon', () => {
+describe("the browser's icon", () => {
   it('GET /favicon.ico is an empty 204, not journaled', async () => {
     const server = await startServer({ port: 0, logLevel: 'silent', warm: 'none', admin: true });
     servers.push(server);

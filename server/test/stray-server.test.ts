@@ -33,11 +33,15 @@ function alive(pid: number): boolean {
   }
 }
 
-const refused = (port: number) => new Promise<boolean>((resolve) => {
-  const probe = connect(port, '127.0.0.1');
-  probe.once('connect', () => { probe.destroy(); resolve(false); });
-  probe.once('error', () => resolve(true));
-});
+const refused = (port: number) =>
+  new Promise<boolean>((resolve) => {
+    const probe = connect(port, '127.0.0.1');
+    probe.once('connect', () => {
+      probe.destroy();
+      resolve(false);
+    });
+    probe.once('error', () => resolve(true));
+  });
 
 /** Polls until `done` holds; the deadline only bounds a failing test, nothing is asserted about time. */
 async function eventually(what: string, done: () => boolean | Promise<boolean>, deadlineMs = 30_000): Promise<void> {
@@ -62,11 +66,14 @@ async function expectGone(pid: number, port: number): Promise<void> {
 }
 
 describe('a server never outlives what started it', () => {
-  it('the README\'s CI pattern: `npx loops-mock serve --exit-with-parent ... &` then `kill $!` stops the server, not just npx', async () => {
+  it("the README's CI pattern: `npx loops-mock serve --exit-with-parent ... &` then `kill $!` stops the server, not just npx", async () => {
     // A consumer project with loops-mock installed (linked to this checkout), so npx runs its bin offline.
     const project = join(dir, 'consumer');
     mkdirSync(join(project, 'node_modules', '.bin'), { recursive: true });
-    writeFileSync(join(project, 'package.json'), JSON.stringify({ name: 'consumer', version: '1.0.0', private: true, devDependencies: { 'loops-mock': `file:${REPO_ROOT}` } }));
+    writeFileSync(
+      join(project, 'package.json'),
+      JSON.stringify({ name: 'consumer', version: '1.0.0', private: true, devDependencies: { 'loops-mock': `file:${REPO_ROOT}` } }),
+    );
     symlinkSync(REPO_ROOT, join(project, 'node_modules', 'loops-mock'));
     symlinkSync('../loops-mock/bin/loops-mock.js', join(project, 'node_modules', '.bin', 'loops-mock'));
     const script = [
@@ -105,11 +112,14 @@ describe('a server never outlives what started it', () => {
   it('startServer({ exitWithParent: true }) in a process whose parent is killed with SIGKILL closes, and that process ends', async () => {
     const info = join(dir, 'start-server.txt');
     const script = join(dir, 'start-server.mjs');
-    writeFileSync(script, `
+    writeFileSync(
+      script,
+      `
       import { writeFileSync } from 'node:fs';
       import { startServer } from ${JSON.stringify(join(REPO_ROOT, 'dist', 'server', 'index.js'))};
       const server = await startServer({ port: 0, warm: 'none', logLevel: 'silent', exitWithParent: true });
-      writeFileSync(${JSON.stringify(info)}, 'pid=' + process.pid + ' port=' + new URL(server.url).port + '\\n');`);
+      writeFileSync(${JSON.stringify(info)}, 'pid=' + process.pid + ' port=' + new URL(server.url).port + '\\n');`,
+    );
     const parentCode = `require('node:child_process').spawn(process.execPath, [${JSON.stringify(script)}], { stdio: 'ignore' }); setInterval(() => {}, 1000);`;
     const parent = spawn(process.execPath, ['-e', parentCode], { stdio: 'ignore' });
     started.push(parent);
@@ -126,17 +136,22 @@ describe('a server never outlives what started it', () => {
       const folder = join(dir, `pytest-${signal}`);
       mkdirSync(folder);
       const info = join(folder, 'server.txt');
-      writeFileSync(join(folder, 'test_hold.py'), [
-        'import time',
-        '',
-        'def test_hold(loops_mock):',
-        `    with open(${JSON.stringify(info)}, "w") as f:`,
-        '        f.write(f"pid={loops_mock.process.pid} port={loops_mock.port}\\n")',
-        '    time.sleep(120)',
-        '',
-      ].join('\n'));
+      writeFileSync(
+        join(folder, 'test_hold.py'),
+        [
+          'import time',
+          '',
+          'def test_hold(loops_mock):',
+          `    with open(${JSON.stringify(info)}, "w") as f:`,
+          '        f.write(f"pid={loops_mock.process.pid} port={loops_mock.port}\\n")',
+          '    time.sleep(120)',
+          '',
+        ].join('\n'),
+      );
       const pytest = spawn(PYTHON, ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', '--loops-mock-args=--warm none', 'test_hold.py'], {
-        cwd: folder, stdio: 'ignore', env: { PATH: process.env.PATH ?? '', HOME: folder, LOOPS_MOCK_BIN: BIN },
+        cwd: folder,
+        stdio: 'ignore',
+        env: { PATH: process.env.PATH ?? '', HOME: folder, LOOPS_MOCK_BIN: BIN },
       });
       started.push(pytest);
       const [, pid, port] = await fileWith(info, /pid=(\d+) port=(\d+)\n/);

@@ -9,7 +9,11 @@ const tok = new EnginePool().tokenizers.get(MODEL);
 let server: RunningServer;
 afterEach(() => server?.close());
 
-const ticketData = (list: [string, string][]) => list.map(([t, l]) => { const d = datum(tok, t, l); return wireDatum(d.tokens, d.targetTokens!); });
+const ticketData = (list: [string, string][]) =>
+  list.map(([t, l]) => {
+    const d = datum(tok, t, l);
+    return wireDatum(d.tokens, d.targetTokens!);
+  });
 const trainSet = ticketData(TICKETS);
 const evalSet = ticketData(EVAL_TICKETS);
 const ce = (data: unknown[]) => ({ data, loss_fn: 'cross_entropy' });
@@ -22,7 +26,7 @@ async function newRun(api: ReturnType<typeof http>, extra: Record<string, unknow
 }
 
 describe('--unembedding-rank', () => {
-  it('lifts the cap on the unembedding\'s rank: a run\'s lora_rank reaches lm_head too', async () => {
+  it("lifts the cap on the unembedding's rank: a run's lora_rank reaches lm_head too", async () => {
     server = await startTestServer({ unembeddingRank: 32 });
     const api = http(server.url);
     const { run, trainer } = await newRun(api);
@@ -67,7 +71,10 @@ describe('the campaign round of the programmatic-training guide, over HTTP', () 
 
     const listed = (await api.call('GET', `/v1/loops/checkpoints?run_id=${run.id}`)).body.checkpoints;
     // As the quickstart lists them: the bare name for both, told apart by target.
-    expect(listed.map((c: any) => [c.checkpoint_id, c.target]).sort()).toEqual([['final', 'sampler'], ['final', 'trainer']]);
+    expect(listed.map((c: any) => [c.checkpoint_id, c.target]).sort()).toEqual([
+      ['final', 'sampler'],
+      ['final', 'trainer'],
+    ]);
     const sampler = listed.find((c: any) => c.target === 'sampler');
     expect(sampler.lora_adapter_config).toEqual({ r: 16 });
     const files = (await api.call('GET', `/v1/loops/checkpoints/${sampler.id}/files`)).body.presigned_urls;
@@ -95,14 +102,20 @@ describe('the operation protocol', () => {
     const api = http(server.url);
     const { trainer } = await newRun(api);
     const ids: string[] = [];
-    for (const [op, body] of [['forward_backward', ce(trainSet)], ['optim_step', {}], ['forward_backward', ce(trainSet)], ['optim_step', {}]] as const) {
+    for (const [op, body] of [
+      ['forward_backward', ce(trainSet)],
+      ['optim_step', {}],
+      ['forward_backward', ce(trainSet)],
+      ['optim_step', {}],
+    ] as const) {
       ids.push((await api.call('POST', `${trainer}/${op}`, body)).body.operation_id);
     }
     expect(new Set(ids).size).toBe(4);
     const results = [];
     for (const id of ids) {
       let polled;
-      do polled = await api.call('GET', `${trainer}/operations/${id}`); while (polled.status === 408);
+      do polled = await api.call('GET', `${trainer}/operations/${id}`);
+      while (polled.status === 408);
       results.push(polled.body.result);
     }
     expect(results[1].policy_version).toBe(1);
@@ -133,7 +146,12 @@ describe('the operation protocol', () => {
     server = await startTestServer({ longPollMs: 50, operationTtlMs: 400 });
     const api = http(server.url);
     const { trainer } = await newRun(api, { max_seq_len: 4096 });
-    const long = Array.from({ length: 4 }, (_, i) => wireDatum(Array.from({ length: 512 }, (_, t) => (t * 31 + i) % 1000), Array.from({ length: 512 }, (_, t) => (t * 17 + i) % 1000)));
+    const long = Array.from({ length: 4 }, (_, i) =>
+      wireDatum(
+        Array.from({ length: 512 }, (_, t) => (t * 31 + i) % 1000),
+        Array.from({ length: 512 }, (_, t) => (t * 17 + i) % 1000),
+      ),
+    );
     const slow = (await api.call('POST', `${trainer}/forward_backward`, ce(long))).body.operation_id;
     const behind = (await api.call('POST', `${trainer}/optim_step`, {})).body.operation_id;
     const pending = await api.call('GET', `${trainer}/operations/${behind}`);
@@ -141,7 +159,8 @@ describe('the operation protocol', () => {
     expect(pending.body.error).toMatchObject({ type: 'operation_pending', operation_id: behind });
     expect((await api.call('GET', `${trainer}/operations/not-an-operation`)).status).toBe(404);
     let done;
-    do done = await api.call('GET', `${trainer}/operations/${behind}`); while (done.status === 408);
+    do done = await api.call('GET', `${trainer}/operations/${behind}`);
+    while (done.status === 408);
     expect(done.body.status).toBe('done');
     expect((await api.call('GET', `${trainer}/operations/${slow}`)).status).toBe(200);
     await new Promise((r) => setTimeout(r, 600));
@@ -154,7 +173,12 @@ describe('the operation protocol', () => {
     server = await startTestServer({ longPollMs: 20_000 });
     const api = http(server.url);
     const { trainer } = await newRun(api, { max_seq_len: 4096 });
-    const long = Array.from({ length: 4 }, (_, i) => wireDatum(Array.from({ length: 512 }, (_, t) => (t + i) % 999), Array.from({ length: 512 }, (_, t) => (t + 1) % 999)));
+    const long = Array.from({ length: 4 }, (_, i) =>
+      wireDatum(
+        Array.from({ length: 512 }, (_, t) => (t + i) % 999),
+        Array.from({ length: 512 }, (_, t) => (t + 1) % 999),
+      ),
+    );
     await api.call('POST', `${trainer}/forward_backward`, ce(long));
     const behind = (await api.call('POST', `${trainer}/optim_step`, {})).body.operation_id;
     const poll = api.call('GET', `${trainer}/operations/${behind}`);
@@ -212,7 +236,9 @@ describe('checkpoints and resume', () => {
     await api.op(a.trainer, 'save_state', { name: 'step-1' });
     const continued = [await step(a.trainer), await step(a.trainer)];
     const b = await newRun(api, { seed: 7 });
-    expect(await api.op(b.trainer, 'load_state_with_optimizer', { path: `bt://loops:${a.run.id}/weights/step-1` })).toEqual({ path: `bt://loops:${a.run.id}/weights/step-1` });
+    expect(await api.op(b.trainer, 'load_state_with_optimizer', { path: `bt://loops:${a.run.id}/weights/step-1` })).toEqual({
+      path: `bt://loops:${a.run.id}/weights/step-1`,
+    });
     expect((await api.call('GET', `${b.trainer}/policy_version`)).body.policy_version).toBe(1);
     expect([await step(b.trainer), await step(b.trainer)]).toEqual(continued);
 
@@ -241,7 +267,14 @@ describe('checkpoints and resume', () => {
 describe('concurrent runs (--batch-runs)', () => {
   /** Four runs of different ranks and seeds, each a forward_backward and an optim_step, then an eval: their losses. */
   async function fourRuns(api: ReturnType<typeof http>, together: boolean): Promise<number[][]> {
-    const runs = await Promise.all([[4, 1], [8, 2], [16, 3], [32, 4]].map(([lora_rank, seed]) => newRun(api, { lora_rank, seed })));
+    const runs = await Promise.all(
+      [
+        [4, 1],
+        [8, 2],
+        [16, 3],
+        [32, 4],
+      ].map(([lora_rank, seed]) => newRun(api, { lora_rank, seed })),
+    );
     const round = async ({ trainer }: { trainer: string }, i: number) => {
       const fb = await api.op(trainer, 'forward_backward', ce(trainSet.slice(i, i + 3)));
       await api.op(trainer, 'optim_step', { adam_params: { learning_rate: 1e-2 } });
@@ -253,7 +286,7 @@ describe('concurrent runs (--batch-runs)', () => {
     return out;
   }
 
-  it('batches different runs\' steps that arrive together into shared graph runs: each run\'s losses as alone', async () => {
+  it("batches different runs' steps that arrive together into shared graph runs: each run's losses as alone", async () => {
     server = await startTestServer();
     const api = http(server.url);
     const alone = await fourRuns(api, false);
@@ -296,12 +329,32 @@ describe('submit-time validation', () => {
       ['forward', ce([wireDatum(Array(65).fill(1), Array(65).fill(1))]), 'data[0].model_input', /max_seq_len is 64/],
       ['forward', ce([withInput('weights', { data: [1, 2], dtype: 'float32' })]), 'data[0].loss_fn_inputs.weights', new RegExp(`needs one per position`)],
       ['forward', ce([withInput('weights', { data: Array(n).fill(1), dtype: 'int64' })]), 'data[0].loss_fn_inputs.weights.dtype', /dtype 'float32'/],
-      ['forward', ce([withInput('weights', { data: Array(n).fill(1), dtype: 'float32', shape: [n + 1] })]), 'data[0].loss_fn_inputs.weights.shape', /does not fit/],
+      [
+        'forward',
+        ce([withInput('weights', { data: Array(n).fill(1), dtype: 'float32', shape: [n + 1] })]),
+        'data[0].loss_fn_inputs.weights.shape',
+        /does not fit/,
+      ],
       ['forward', ce([withInput('weights', { data: Array(n).fill(1e39), dtype: 'float32' })]), 'data[0].loss_fn_inputs.weights', /finite float32/],
       ['forward', ce([withInput('reward', { data: Array(n).fill(1), dtype: 'float32' })]), 'data[0].loss_fn_inputs.reward', /not an input of Loops losses/],
-      ['forward', ce([withInput('target_tokens', { data: Array(n).fill(200000), dtype: 'int64' })]), 'data[0].loss_fn_inputs.target_tokens', /outside the vocabulary/],
-      ['forward', { data: [good], loss_fn: 'importance_sampling' }, 'data[0].loss_fn_inputs', /data\[0\]: loss_fn 'importance_sampling' needs loss_fn_inputs.logprobs/],
-      ['forward', ce([{ model_input: { chunks: [{ type: 'image_asset_pointer', location: 'a.png', format: 'png' }] } }]), 'data[0].model_input.chunks[0].type', /loops-mock takes \{"type": "encoded_text"/],
+      [
+        'forward',
+        ce([withInput('target_tokens', { data: Array(n).fill(200000), dtype: 'int64' })]),
+        'data[0].loss_fn_inputs.target_tokens',
+        /outside the vocabulary/,
+      ],
+      [
+        'forward',
+        { data: [good], loss_fn: 'importance_sampling' },
+        'data[0].loss_fn_inputs',
+        /data\[0\]: loss_fn 'importance_sampling' needs loss_fn_inputs.logprobs/,
+      ],
+      [
+        'forward',
+        ce([{ model_input: { chunks: [{ type: 'image_asset_pointer', location: 'a.png', format: 'png' }] } }]),
+        'data[0].model_input.chunks[0].type',
+        /loops-mock takes \{"type": "encoded_text"/,
+      ],
       ['forward', ce([]), 'body.data', /at least 1/],
       ['optim_step', { adam_params: { learning_rate: -1 } }, 'adam_params.learning_rate', /in \[0, 1\]/],
       ['optim_step', { adam_params: { beta2: 1 } }, 'adam_params.beta2', /in \[0, 1\)/],

@@ -47,29 +47,39 @@ beforeAll(async () => {
   const sftInput = join(dir, 'sft-input.json');
   writeFileSync(sftInput, JSON.stringify(taskInputs()['sft-round']));
   const description = join(dir, 'servers.json');
-  writeFileSync(description, JSON.stringify({
-    direct_env: direct.env,
-    proxy_env: proxy.env,
-    expected_file: expectedFile,
-    ids: prompts.map((p) => tok.encode(p)),
-    ds_ids: prompts.map((p) => tokenizers.get('deepseek-ai/DeepSeek-V4-Pro').encode(p)),
-    tokenizer_json_sha256: createHash('sha256').update(readFileSync(tokenizers.files(MODEL).tokenizerJson)).digest('hex'),
-    sft_input: sftInput,
-    driver: join(REPO_ROOT, 'conformance', 'drivers', 'python', 'driver.py'),
-    uncapped_url: uncapped.url,
-    // A trained checkpoint deployed to inference on each server (test_deployed_checkpoint.py), and the chat-template cases.
-    deployed_direct: await deployTrainedCheckpoint(direct, MODEL),
-    deployed_proxy: await deployTrainedCheckpoint(proxy, MODEL),
-    chat_template_cases: chatTemplateCases(direct, [MODEL, 'deepseek-ai/DeepSeek-V4-Flash']),
-  }));
+  writeFileSync(
+    description,
+    JSON.stringify({
+      direct_env: direct.env,
+      proxy_env: proxy.env,
+      expected_file: expectedFile,
+      ids: prompts.map((p) => tok.encode(p)),
+      ds_ids: prompts.map((p) => tokenizers.get('deepseek-ai/DeepSeek-V4-Pro').encode(p)),
+      tokenizer_json_sha256: createHash('sha256')
+        .update(readFileSync(tokenizers.files(MODEL).tokenizerJson))
+        .digest('hex'),
+      sft_input: sftInput,
+      driver: join(REPO_ROOT, 'conformance', 'drivers', 'python', 'driver.py'),
+      uncapped_url: uncapped.url,
+      // A trained checkpoint deployed to inference on each server (test_deployed_checkpoint.py), and the chat-template cases.
+      deployed_direct: await deployTrainedCheckpoint(direct, MODEL),
+      deployed_proxy: await deployTrainedCheckpoint(proxy, MODEL),
+      chat_template_cases: chatTemplateCases(direct, [MODEL, 'deepseek-ai/DeepSeek-V4-Flash']),
+    }),
+  );
   setupSeq = proxy.core.journal.query({}).at(-1)?.seq ?? 0;
   pytest = await new Promise((resolve) => {
     const child = spawn(PYTHON, ['-m', 'pytest', '-q', '-p', 'no:cacheprovider', join(REPO_ROOT, 'client-tests')], {
-      cwd: dir, env: { PATH: process.env.PATH ?? '', HOME: dir, LOOPS_MOCK_CLIENT_TESTS: description },
+      cwd: dir,
+      env: { PATH: process.env.PATH ?? '', HOME: dir, LOOPS_MOCK_CLIENT_TESTS: description },
     });
     let output = '';
-    child.stdout.on('data', (d: Buffer) => { output += d.toString(); });
-    child.stderr.on('data', (d: Buffer) => { output += d.toString(); });
+    child.stdout.on('data', (d: Buffer) => {
+      output += d.toString();
+    });
+    child.stderr.on('data', (d: Buffer) => {
+      output += d.toString();
+    });
     child.on('close', (code) => resolve({ code, output }));
   });
 }, 600_000);
@@ -90,7 +100,7 @@ describe('unmodified clients', () => {
     expect(pytest.output).not.toMatch(/skipped|xfail|error/i);
   });
 
-  it('reach the proxy-mode server on Baseten\'s and the Hub\'s own hosts, and the journal says so', () => {
+  it("reach the proxy-mode server on Baseten's and the Hub's own hosts, and the journal says so", () => {
     const journal = proxy.core.journal.query({}).filter((e) => e.seq > setupSeq);
     const hostsOf = (surface: string) => new Set(journal.filter((e) => e.surface === surface).map((e) => e.host?.replace(/^model-[a-z0-9]+\./, 'model-*.')));
     expect(hostsOf('control')).toEqual(new Set(['api.baseten.co']));

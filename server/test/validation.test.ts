@@ -104,8 +104,21 @@ describe('transport errors', () => {
 describe('never a 500 for client input', () => {
   it('survives junk bodies, parameters and headers on every control-plane route', async () => {
     const doc = (await api.get('/openapi.json')).body;
-    const junkBodies: unknown[] = [undefined, null, [], 0, 'null', '""', '[1,2', '{"__proto__": {"polluted": true}}', { a: { b: { c: [1, { d: null }] } } },
-      { session_id: 7, base_model: ['x'] }, { checkpoint_path: null }, { name: '\u0000' }, { trainer_accelerator_priority: [1] }];
+    const junkBodies: unknown[] = [
+      undefined,
+      null,
+      [],
+      0,
+      'null',
+      '""',
+      '[1,2',
+      '{"__proto__": {"polluted": true}}',
+      { a: { b: { c: [1, { d: null }] } } },
+      { session_id: 7, base_model: ['x'] },
+      { checkpoint_path: null },
+      { name: '\u0000' },
+      { trainer_accelerator_priority: [1] },
+    ];
     const junkIds = ['x', '%00', '..%2F..%2Fetc', 'a'.repeat(300), '💥'];
     let requests = 0;
     for (const [template, methods] of Object.entries<any>(doc.paths)) {
@@ -119,9 +132,13 @@ describe('never a 500 for client input', () => {
             expect(res.status).toBeGreaterThanOrEqual(200);
             // A deployed checkpoint's inference door answers its edge errors as Baseten's gateway does: {"error": "<message>"}.
             // GraphQL refuses a body that is not a GraphQL request with its own errors list.
-            const message = url.startsWith('/model/') && typeof res.body.error === 'string' ? res.body.error
-              : url.startsWith('/graphql') && Array.isArray(res.body.errors) ? res.body.errors[0]?.message : res.body.error?.message;
-            if (res.status >= 400) expect(typeof message, `${method} ${url} ${JSON.stringify(body)} -> ${JSON.stringify(res.body)}`).toBe("string");
+            const message =
+              url.startsWith('/model/') && typeof res.body.error === 'string'
+                ? res.body.error
+                : url.startsWith('/graphql') && Array.isArray(res.body.errors)
+                  ? res.body.errors[0]?.message
+                  : res.body.error?.message;
+            if (res.status >= 400) expect(typeof message, `${method} ${url} ${JSON.stringify(body)} -> ${JSON.stringify(res.body)}`).toBe('string');
           }
         }
       }
@@ -139,11 +156,24 @@ describe('numbers and sizes a client can send that once broke the server', () =>
       const cases: [string, string, string][] = [
         ['/v1/loops/runs', `{"session_id":"x","base_model":"Qwen/Qwen3-8B","lora_rank":1e400}`, 'body.lora_rank'],
         [`/trainer/${run.id}/init_trainer_server`, '{"lora_rank":4,"lora_alpha":1e400}', 'body.lora_alpha'],
-        [`/trainer/${run.id}/forward`, '{"data":[{"model_input":{"chunks":[{"type":"encoded_text","tokens":[1,2,3]}]},"loss_fn_inputs":{"weights":{"data":[1,-1e999,1],"dtype":"float32"}}}],"loss_fn":"cross_entropy"}', 'body.data[0].loss_fn_inputs.weights.data[1]'],
-        [`/sampler/${run.sampler.id}/sample`, '{"prompt":{"chunks":[{"type":"encoded_text","tokens":[1]}]},"sampling_params":{"temperature":1e400}}', 'body.sampling_params.temperature'],
+        [
+          `/trainer/${run.id}/forward`,
+          '{"data":[{"model_input":{"chunks":[{"type":"encoded_text","tokens":[1,2,3]}]},"loss_fn_inputs":{"weights":{"data":[1,-1e999,1],"dtype":"float32"}}}],"loss_fn":"cross_entropy"}',
+          'body.data[0].loss_fn_inputs.weights.data[1]',
+        ],
+        [
+          `/sampler/${run.sampler.id}/sample`,
+          '{"prompt":{"chunks":[{"type":"encoded_text","tokens":[1]}]},"sampling_params":{"temperature":1e400}}',
+          'body.sampling_params.temperature',
+        ],
       ];
       for (const [url, payload, field] of cases) {
-        const res = await big.app.inject({ method: 'POST', url, headers: { authorization: `Bearer ${big.apiKey}`, 'content-type': 'application/json' }, payload });
+        const res = await big.app.inject({
+          method: 'POST',
+          url,
+          headers: { authorization: `Bearer ${big.apiKey}`, 'content-type': 'application/json' },
+          payload,
+        });
         expect(res.statusCode, url).toBe(400);
         expect(res.json().error.field, url).toBe(field);
         expect(res.json().error.message, url).toMatch(/not a finite number/);
@@ -159,11 +189,17 @@ describe('numbers and sizes a client can send that once broke the server', () =>
       const api2 = client(big);
       const run = await newRun(api2, { max_seq_len: 64 });
       const tokens = Array.from({ length: 200_000 }, (_, i) => i % 1000);
-      const res = await api2.post(`/trainer/${run.id}/forward`, { data: [{ model_input: { chunks: [{ type: 'encoded_text', tokens }] } }], loss_fn: 'cross_entropy' });
+      const res = await api2.post(`/trainer/${run.id}/forward`, {
+        data: [{ model_input: { chunks: [{ type: 'encoded_text', tokens }] } }],
+        loss_fn: 'cross_entropy',
+      });
       expect([res.status, res.body.error.field]).toEqual([400, 'data[0].model_input']);
       expect(res.body.error.message).toMatch(/200000 tokens; the run's max_seq_len is 64/);
       const deployment = run.deployment_id;
-      for (const body of [{ start_epoch_millis: 2 ** 70, end_epoch_millis: 2 ** 70 + 1 }, { start_epoch_millis: 0, end_epoch_millis: 9e15 }]) {
+      for (const body of [
+        { start_epoch_millis: 2 ** 70, end_epoch_millis: 2 ** 70 + 1 },
+        { start_epoch_millis: 0, end_epoch_millis: 9e15 },
+      ]) {
         const m = await api2.post(`/v1/loops/deployments/${deployment}/metrics`, body);
         expect(m.status, JSON.stringify(body)).toBe(400);
         expect(m.body.error.message).toMatch(/epoch milliseconds from 0 to 253402300799999/);
@@ -184,7 +220,11 @@ describe('answers that say what is really wrong', () => {
       expect([longId.status, longId.body.error.type]).toEqual([404, 'not_found']);
 
       // {scenario: ...} is the branch meant, not {name}: the error is inside it.
-      const scenario = await fetch(`${s.url}/_mock/scenario`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ scenario: { settings: { cold_start_ms: 'slow' } } }) });
+      const scenario = await fetch(`${s.url}/_mock/scenario`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ scenario: { settings: { cold_start_ms: 'slow' } } }),
+      });
       const scenarioError = ((await scenario.json()) as any).error;
       expect(scenario.status).toBe(400);
       expect(scenarioError.field).toMatch(/^(body\.)?scenario\.settings\.cold_start_ms$/);
@@ -194,8 +234,11 @@ describe('answers that say what is really wrong', () => {
       expect(completions.body.error.message).toMatch(/must have at least 1 item/);
 
       const proto = await s.app.inject({
-        method: 'POST', url: `/trainer/${run.id}/forward`, headers: { authorization: `Bearer ${s.apiKey}`, 'content-type': 'application/json' },
-        payload: '{"data":[{"model_input":{"chunks":[{"type":"encoded_text","tokens":[1,2]}]},"loss_fn_inputs":{"__proto__":{"data":[1,1],"dtype":"float32"}}}],"loss_fn":"cross_entropy"}',
+        method: 'POST',
+        url: `/trainer/${run.id}/forward`,
+        headers: { authorization: `Bearer ${s.apiKey}`, 'content-type': 'application/json' },
+        payload:
+          '{"data":[{"model_input":{"chunks":[{"type":"encoded_text","tokens":[1,2]}]},"loss_fn_inputs":{"__proto__":{"data":[1,1],"dtype":"float32"}}}],"loss_fn":"cross_entropy"}',
       });
       expect(proto.statusCode).toBe(400);
       expect(proto.json().error.message).toMatch(/__proto__ is not an input of Loops losses/);

@@ -1,12 +1,23 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { decodeSafetensors, encodeSafetensors } from '../../models/safetensors.js';
-import { MAX_ABS_LOSS_SCALE, MAX_LEARNING_RATE, MAX_LOSS_CONFIG_VALUE, MAX_LORA_ALPHA, MIN_ADAM_EPS, MIN_COUNTED_LOGPROB, MIN_TEMPERATURE } from '../core/value-ranges.js';
+import {
+  MAX_ABS_LOSS_SCALE,
+  MAX_LEARNING_RATE,
+  MAX_LOSS_CONFIG_VALUE,
+  MAX_LORA_ALPHA,
+  MIN_ADAM_EPS,
+  MIN_COUNTED_LOGPROB,
+  MIN_TEMPERATURE,
+} from '../core/value-ranges.js';
 import type { RunningServer } from '../index.js';
 import { deployTrainedCheckpoint } from './deployed-checkpoint.js';
 import { client, newRun, startTestServer, wireDatum, type Client } from './helpers.js';
 
 let server: RunningServer | undefined;
-afterEach(async () => { await server?.close(); server = undefined; });
+afterEach(async () => {
+  await server?.close();
+  server = undefined;
+});
 
 // Issue 31 item 11: finite numbers that overflow float32 once the model uses them (lora_alpha 1e308, a
 // learning rate of 1e308) made operations end `done` with nulls. Each is a 400 naming the field now, and an
@@ -52,23 +63,51 @@ describe('numbers that reach the model are range-checked', () => {
     await refused('optim_step', { adam_params: { learning_rate: 1e-3, weight_decay: 1e308 } }, 'adam_params.weight_decay');
     await refused('optim_step', { adam_params: { learning_rate: 0.5, weight_decay: 3 } }, 'adam_params.weight_decay');
 
-    expect(await refused('forward_backward', { data: [ratioDatum([0, -1, -1, -1, -1], [0, 1, 1, 1, 1])], loss_fn: 'dro', loss_fn_config: { beta: 1e308 } }, 'loss_fn_config.beta')).toContain(String(MAX_LOSS_CONFIG_VALUE));
-    await refused('forward_backward', { data: [ratioDatum([0, -1, -1, -1, -1], [0, 1, 1, 1, 1])], loss_fn: 'ppo', loss_fn_config: { clip_low_threshold: 0.8, clip_high_threshold: 1e300 } }, 'loss_fn_config.clip_high_threshold');
+    expect(
+      await refused(
+        'forward_backward',
+        { data: [ratioDatum([0, -1, -1, -1, -1], [0, 1, 1, 1, 1])], loss_fn: 'dro', loss_fn_config: { beta: 1e308 } },
+        'loss_fn_config.beta',
+      ),
+    ).toContain(String(MAX_LOSS_CONFIG_VALUE));
+    await refused(
+      'forward_backward',
+      { data: [ratioDatum([0, -1, -1, -1, -1], [0, 1, 1, 1, 1])], loss_fn: 'ppo', loss_fn_config: { clip_low_threshold: 0.8, clip_high_threshold: 1e300 } },
+      'loss_fn_config.clip_high_threshold',
+    );
 
-    const weighted = (w: number) => ({ ...wireDatum(tokens, tokens), loss_fn_inputs: { ...wireDatum(tokens, tokens).loss_fn_inputs, weights: { data: [1, 1, w, 1, 1], dtype: 'float32' } } });
+    const weighted = (w: number) => ({
+      ...wireDatum(tokens, tokens),
+      loss_fn_inputs: { ...wireDatum(tokens, tokens).loss_fn_inputs, weights: { data: [1, 1, w, 1, 1], dtype: 'float32' } },
+    });
     expect(await refused('forward_backward', { data: [weighted(1e30)] }, 'data[0].loss_fn_inputs.weights')).toContain('[2] is 1e+30');
     await refused('forward_backward', { data: [weighted(-MAX_ABS_LOSS_SCALE * 2)] }, 'data[0].loss_fn_inputs.weights');
-    await refused('forward_backward', { data: [ratioDatum([0, -1, -1, -1, -1], [0, 1, 3e38, 1, 1])], loss_fn: 'importance_sampling' }, 'data[0].loss_fn_inputs.advantages');
+    await refused(
+      'forward_backward',
+      { data: [ratioDatum([0, -1, -1, -1, -1], [0, 1, 3e38, 1, 1])], loss_fn: 'importance_sampling' },
+      'data[0].loss_fn_inputs.advantages',
+    );
     // A sampler logprob the ratio cannot take where it counts; the same value where the advantage is 0 does not count, and passes.
-    expect(await refused('forward_backward', { data: [ratioDatum([0, -1, -1e6, -1, -1], [0, 1, 1, 1, 1])], loss_fn: 'ppo' }, 'data[0].loss_fn_inputs.logprobs')).toContain(String(MIN_COUNTED_LOGPROB));
-    await refused('forward', { data: [ratioDatum([0, -1, MIN_COUNTED_LOGPROB - 1, -1, -1], [0, 1, 1, 1, 1])], loss_fn: 'importance_sampling' }, 'data[0].loss_fn_inputs.logprobs');
+    expect(
+      await refused('forward_backward', { data: [ratioDatum([0, -1, -1e6, -1, -1], [0, 1, 1, 1, 1])], loss_fn: 'ppo' }, 'data[0].loss_fn_inputs.logprobs'),
+    ).toContain(String(MIN_COUNTED_LOGPROB));
+    await refused(
+      'forward',
+      { data: [ratioDatum([0, -1, MIN_COUNTED_LOGPROB - 1, -1, -1], [0, 1, 1, 1, 1])], loss_fn: 'importance_sampling' },
+      'data[0].loss_fn_inputs.logprobs',
+    );
     const placeholder = await submit(api, trainer, 'forward_backward', { data: [ratioDatum([-1e6, -1, -1, -1, -1], [0, 1, 1, 1, 1])], loss_fn: 'ppo' });
     expect(placeholder.body.status).toBe('done');
     // The largest values allowed all together still train to finite numbers.
-    const edge = await submit(api, trainer, 'forward_backward', { data: [ratioDatum([0, MIN_COUNTED_LOGPROB, MIN_COUNTED_LOGPROB, -1, -1], [0, MAX_ABS_LOSS_SCALE, -MAX_ABS_LOSS_SCALE, 1, 1])], loss_fn: 'importance_sampling' });
+    const edge = await submit(api, trainer, 'forward_backward', {
+      data: [ratioDatum([0, MIN_COUNTED_LOGPROB, MIN_COUNTED_LOGPROB, -1, -1], [0, MAX_ABS_LOSS_SCALE, -MAX_ABS_LOSS_SCALE, 1, 1])],
+      loss_fn: 'importance_sampling',
+    });
     expect(edge.body.status).toBe('done');
     expect(Number.isFinite(edge.body.result.loss)).toBe(true);
-    const step = await submit(api, trainer, 'optim_step', { adam_params: { learning_rate: MAX_LEARNING_RATE, eps: MIN_ADAM_EPS, weight_decay: 1 / MAX_LEARNING_RATE } });
+    const step = await submit(api, trainer, 'optim_step', {
+      adam_params: { learning_rate: MAX_LEARNING_RATE, eps: MIN_ADAM_EPS, weight_decay: 1 / MAX_LEARNING_RATE },
+    });
     expect(step.body.status).toBe('done');
     for (const v of Object.values(step.body.result.metrics)) expect(Number.isFinite(v)).toBe(true);
   });
@@ -78,7 +117,8 @@ describe('numbers that reach the model are range-checked', () => {
     const api = client(server);
     const run = await newRun(api, { lora_rank: 4 });
     const sampler = new URL(run.sampler.base_url).pathname;
-    const sample = (temperature: number) => api.post(`${sampler}/sample`, { prompt: { chunks: [{ type: 'encoded_text', tokens }] }, sampling_params: { max_tokens: 3, temperature } });
+    const sample = (temperature: number) =>
+      api.post(`${sampler}/sample`, { prompt: { chunks: [{ type: 'encoded_text', tokens }] }, sampling_params: { max_tokens: 3, temperature } });
     for (const t of [1e-300, MIN_TEMPERATURE / 2]) {
       const res = await sample(t);
       expect([res.status, res.body.error.field]).toEqual([400, 'sampling_params.temperature']);
@@ -93,7 +133,12 @@ describe('numbers that reach the model are range-checked', () => {
     expect([completion.status, completion.body.error.field]).toEqual([400, 'temperature']);
 
     const d = await deployTrainedCheckpoint(server, 'Qwen/Qwen3.5-2B', 4);
-    const chat = await server.app.inject({ method: 'POST', url: `/model/${d.model_id}/deployment/${d.deployment_id}/sync/v1/chat/completions`, headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' }, payload: JSON.stringify({ model: d.model, messages: d.cases[0]!.messages, max_tokens: 2, temperature: 1e-300 }) });
+    const chat = await server.app.inject({
+      method: 'POST',
+      url: `/model/${d.model_id}/deployment/${d.deployment_id}/sync/v1/chat/completions`,
+      headers: { authorization: `Bearer ${server.apiKey}`, 'content-type': 'application/json' },
+      payload: JSON.stringify({ model: d.model, messages: d.cases[0]!.messages, max_tokens: 2, temperature: 1e-300 }),
+    });
     expect([chat.statusCode, chat.json().error.param]).toEqual([400, 'temperature']);
   }, 120_000);
 
@@ -111,7 +156,13 @@ describe('numbers that reach the model are range-checked', () => {
     const { tensors, metadata } = decodeSafetensors(files.get('adapter_model.safetensors')!);
     for (const [name, t] of tensors) if (name.includes('lora_B') || name.includes('lora_A')) t.data.fill(1e30);
     files.set('adapter_model.safetensors', encodeSafetensors(tensors, metadata));
-    core.checkpoints.save(record, 'trainer', 'huge', [...files].map(([relative_file_name, data]) => ({ relative_file_name, data })), fine.lora_adapter_config);
+    core.checkpoints.save(
+      record,
+      'trainer',
+      'huge',
+      [...files].map(([relative_file_name, data]) => ({ relative_file_name, data })),
+      fine.lora_adapter_config,
+    );
     expect((await submit(api, trainer, 'load_state', { path: `bt://loops:${run.id}/weights/huge` })).body.status).toBe('done');
 
     const datum = wireDatum(tokens, tokens);

@@ -12,7 +12,18 @@ describe('the request-memory soak case (tiny limits; npm run soak runs it at the
       limits,
       maxSeqLen: 32,
       settleMs: 200,
-      serverArgs: ['--max-sampled-tokens', '64', '--max-batch-tokens', '64', '--body-limit', String(limits.bodyBytes), '--body-bytes-in-flight', String(limits.bodyBytes * 2), '--max-seq-len-limit', '32'],
+      serverArgs: [
+        '--max-sampled-tokens',
+        '64',
+        '--max-batch-tokens',
+        '64',
+        '--body-limit',
+        String(limits.bodyBytes),
+        '--body-bytes-in-flight',
+        String(limits.bodyBytes * 2),
+        '--max-seq-len-limit',
+        '32',
+      ],
     });
     expect(f.failures).toEqual([]);
     expect(f.cases.map((c) => [c.case, c.expect])).toEqual([

@@ -11,12 +11,15 @@ import { rulesView } from './view-rules.js';
 import { runsView, runView } from './view-runs.js';
 import { samplersView, samplerView } from './view-samplers.js';
 
-startPolling({
-  runs: runsView,
-  samplers: samplersView,
-  models: modelsView,
-  run: runView,
-  sampler: samplerView,
-  journal: journalView,
-  rules: rulesView,
-}, showRefusal);
+startPolling(
+  {
+    runs: runsView,
+    samplers: samplersView,
+    models: modelsView,
+    run: runView,
+    sampler: samplerView,
+    journal: journalView,
+    rules: rulesView,
+  },
+  showRefusal,
+);

@@ -28,18 +28,24 @@ function setAttrs(el, attrs) {
 }
 
 export function flat(children) {
-  return children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false).map((c) => (c instanceof Node ? c : document.createTextNode(String(c))));
+  return children
+    .flat(Infinity)
+    .filter((c) => c !== null && c !== undefined && c !== false)
+    .map((c) => (c instanceof Node ? c : document.createTextNode(String(c))));
 }
-
 
 export const time = (iso) => (iso ? iso.slice(11, 23) : '');
 export const dateTime = (iso) => (iso ? `${iso.slice(0, 10)} ${iso.slice(11, 19)}` : '—');
-export const num = (x, digits = 4) => (typeof x === 'number' ? (Math.abs(x) >= 1e-3 || x === 0 ? Number(x.toPrecision(digits)).toString() : x.toExponential(2)) : '—');
+export const num = (x, digits = 4) =>
+  typeof x === 'number' ? (Math.abs(x) >= 1e-3 || x === 0 ? Number(x.toPrecision(digits)).toString() : x.toExponential(2)) : '—';
 export function bytes(n) {
   if (typeof n !== 'number') return '—';
   const units = ['B', 'KiB', 'MiB', 'GiB'];
   let u = 0;
-  while (n >= 1024 && u < units.length - 1) { n /= 1024; u++; }
+  while (n >= 1024 && u < units.length - 1) {
+    n /= 1024;
+    u++;
+  }
   return `${u === 0 ? n : n.toFixed(1)} ${units[u]}`;
 }
 
@@ -67,17 +73,37 @@ export const samplerLink = (id) => h('a', { href: `#/sampler/${encodeURIComponen
 
 export function replicaWords(replicas) {
   if (!replicas.length) return 'no replicas';
-  return replicas.map((r) => `replica ${r.replica}: v${r.policy_version}${r.syncing_version !== null ? ` (syncing v${r.syncing_version})` : ''}${r.paused ? ' (paused)' : ''}`).join('; ');
+  return replicas
+    .map(
+      (r) => `replica ${r.replica}: v${r.policy_version}${r.syncing_version !== null ? ` (syncing v${r.syncing_version})` : ''}${r.paused ? ' (paused)' : ''}`,
+    )
+    .join('; ');
 }
 
 export function table(id, columns, rows, empty) {
   if (!rows.length) return h('p', { class: 'empty', id, text: empty });
-  return h('table', { id },
-    h('thead', {}, h('tr', {}, columns.map(([label, cls]) => h('th', { scope: 'col', class: cls, text: label })))),
-    h('tbody', {}, rows));
+  return h(
+    'table',
+    { id },
+    h(
+      'thead',
+      {},
+      h(
+        'tr',
+        {},
+        columns.map(([label, cls]) => h('th', { scope: 'col', class: cls, text: label })),
+      ),
+    ),
+    h('tbody', {}, rows),
+  );
 }
 
-export const facts = (pairs) => h('dl', { class: 'facts' }, pairs.map(([k, v]) => [h('dt', { text: k }), h('dd', {}, v)]));
+export const facts = (pairs) =>
+  h(
+    'dl',
+    { class: 'facts' },
+    pairs.map(([k, v]) => [h('dt', { text: k }), h('dd', {}, v)]),
+  );
 
 /** Re-renders a region only when its data changed: keyboard focus and scroll survive the polls. */
 export function region(el) {

@@ -74,7 +74,10 @@ let timer = null;
 export function startPolling(viewsByName, refused) {
   views = viewsByName;
   onRefused = refused;
-  window.addEventListener('hashchange', () => { route(); main.focus(); });
+  window.addEventListener('hashchange', () => {
+    route();
+    main.focus();
+  });
   route();
 }
 
@@ -85,7 +88,8 @@ export function route() {
   const make = views[name] ?? views.runs;
   for (const a of document.querySelectorAll('nav a')) {
     const current = a.dataset.view === name || (a.dataset.view === 'runs' && name === 'run') || (a.dataset.view === 'samplers' && name === 'sampler');
-    if (current) a.setAttribute('aria-current', 'page'); else a.removeAttribute('aria-current');
+    if (current) a.setAttribute('aria-current', 'page');
+    else a.removeAttribute('aria-current');
   }
   generation++;
   clearTimeout(timer);

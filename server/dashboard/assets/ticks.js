@@ -6,10 +6,15 @@
  * A range of one value is widened around it, so a flat series still gets an axis.
  */
 export function niceTicks(min, max, count = 5, integer = false) {
-  if (min === max) { min -= integer ? 1 : Math.abs(min) * 0.1 || 1; max += integer ? 1 : Math.abs(max) * 0.1 || 1; }
+  if (min === max) {
+    min -= integer ? 1 : Math.abs(min) * 0.1 || 1;
+    max += integer ? 1 : Math.abs(max) * 0.1 || 1;
+  }
   let step = 10 ** Math.floor(Math.log10((max - min) / count));
   const err = (count / (max - min)) * step;
-  if (err <= 0.15) step *= 10; else if (err <= 0.35) step *= 5; else if (err <= 0.75) step *= 2;
+  if (err <= 0.15) step *= 10;
+  else if (err <= 0.35) step *= 5;
+  else if (err <= 0.75) step *= 2;
   if (integer) step = Math.max(1, Math.round(step));
   const lo = Math.floor(min / step) * step;
   const hi = Math.ceil(max / step) * step;
@@ -30,7 +35,10 @@ const EXP_ABOVE = 1e6;
 export function tickLabels(ticks) {
   if (!ticks.length) return [];
   const largest = Math.max(...ticks.map((t) => Math.abs(t)));
-  const gaps = ticks.slice(1).map((t, i) => Math.abs(t - ticks[i])).filter((d) => d > 0);
+  const gaps = ticks
+    .slice(1)
+    .map((t, i) => Math.abs(t - ticks[i]))
+    .filter((d) => d > 0);
   const spacing = gaps.length ? Math.min(...gaps) : largest || 1;
   // The power of ten of the spacing, read from a rounded copy so 0.1 - 0.0999999 does not read as 1e-2.
   const spacingExp = Math.floor(Math.log10(Number(spacing.toPrecision(6))));
