@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // Started as `loops-mock` (bin/loops-mock.js), with the runtime settings that return memory after a burst.
-import { ConfigError, parseOptions, parsePort, usage } from './config.js';
+import { ConfigError, parsePort } from './config.js';
+import { parseOptions, usage } from './parse-options.js';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { EnginePool, findBaseModel, supportedModelNames, Tokenizers } from '../models/index.js';
@@ -141,7 +142,10 @@ async function exportModel(argv: string[]): Promise<void> {
 function logMemorySettings(log: { info(message: string): void; warn(message: string): void }): void {
   const gc = typeof (globalThis as { gc?: unknown }).gc === 'function';
   const threshold = process.env.MALLOC_MMAP_THRESHOLD_;
-  if (gc && threshold !== undefined) return log.info(`runtime memory settings: --expose-gc, MALLOC_MMAP_THRESHOLD_=${threshold}`);
+  if (gc && threshold !== undefined) {
+    log.info(`runtime memory settings: --expose-gc, MALLOC_MMAP_THRESHOLD_=${threshold}`);
+    return;
+  }
   const missing = [gc ? '' : '--expose-gc', threshold === undefined ? 'MALLOC_MMAP_THRESHOLD_' : ''].filter(Boolean).join(' and ');
   log.warn(
     `runtime memory settings missing (${missing}): memory returns to the system slowly after bursts; start the server as loops-mock or node bin/loops-mock.js, which set them`,

@@ -1,9 +1,24 @@
 import type { ApiKeySpec } from './core/accounts.js';
-import { BASE_MODELS, findBaseModel } from '../models/registry.js';
 import { DEFAULT_UNEMBEDDING_RANK } from '../models/transformer.js';
 import { MAX_LORA_RANK } from './core/fleet.js';
 import { LIVE_SETTING_ROWS, type Settings, type SettingWithFlag } from './core/settings.js';
-import { parseFlags, type FlagDefinition } from './parse-flags.js';
+import {
+  addTokenizers,
+  envName,
+  notEmpty,
+  oneOf,
+  parseApiKey,
+  parseHostName,
+  parsePassthrough,
+  parsePort,
+  parsePublicUrl,
+  parseWarmModels,
+  truth,
+  wholeNumber,
+} from './flag-values.js';
+
+// The value readers and ConfigError are the flags' to share; parseOptions and usage are in parse-options.ts.
+export { ConfigError, envName, parseApiKey, parsePort } from './flag-values.js';
 
 export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 export type LogLevelName = (typeof LOG_LEVELS)[number];
@@ -78,8 +93,6 @@ interface StartupOptions {
  */
 export interface ServerOptions extends StartupOptions, Pick<Settings, SettingWithFlag> {}
 
-export class ConfigError extends Error {}
-
 /**
  * One row of the settings table: a flag of `loops-mock serve`, a live
  * setting, or both. Start-up-only rows (port, journal, ...) have no wire
@@ -112,75 +125,6 @@ export interface SettingRow {
 }
 
 export type FlagRow = SettingRow & Required<Pick<SettingRow, 'flag' | 'env' | 'set'>>;
-
-export const envName = (flag: string) => `LOOPS_MOCK_${flag.toUpperCase().replace(/-/g, '_')}`;
-
-function truth(flag: string, value: string): boolean {
-  if (/^(1|true|yes|on)$/i.test(value)) return true;
-  if (/^(0|false|no|off)$/i.test(value)) return false;
-  throw new ConfigError(`--${flag} is a switch: give it alone, or as --${flag}=true / --${flag}=false, got '${value}'`);
-}
-
-function wholeNumber(flag: string, [min, max]: readonly [number, number]): (value: string) => number {
-  return (value) => {
-    const n = Number(value);
-    if (!/^\d+$/.test(value.trim()) || !Number.isSafeInteger(n) || n < min || n > max)
-      throw new ConfigError(`--${flag} must be a whole number from ${min} to ${max}, got '${value}'`);
-    return n;
-  };
-}
-
-const notEmpty = (flag: string) => (value: string) => {
-  if (!value) throw new ConfigError(`--${flag} must not be empty`);
-  return value;
-};
-
-function oneOf<const T extends string>(flag: string, choices: readonly T[], say: string): (value: string) => T {
-  return (value) => {
-    if (!(choices as readonly string[]).includes(value)) throw new ConfigError(`--${flag} must be ${say}, got '${value}'`);
-    return value as T;
-  };
-}
-
-/** `--port` of `loops-mock serve` and of `loops-mock record`. */
-export const parsePort = wholeNumber('port', [0, 65535]);
-
-export function parseApiKey(value: string): ApiKeySpec {
-  const [key, org, team, ...rest] = value.split(':');
-  if (!key || rest.length || org === '' || team === '')
-    throw new ConfigError(`--api-key must be KEY, KEY:ORG or KEY:ORG:TEAM with no empty part, got '${value}'`);
-  return { key, org, team };
-}
-
-/** A host name or IP address, as `--proxy-passthrough` and `--allowed-host` take them (no port: every port of the host counts). */
-const parseHostName =
-  (flag: string) =>
-  (value: string): string => {
-    const host = value
-      .trim()
-      .toLowerCase()
-      .replace(/^\[|\]$/g, '');
-    if (!/^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*$/.test(host) && !/^[0-9a-f:.]+$/.test(host)) {
-      throw new ConfigError(`--${flag} takes host names or IP addresses without a port, e.g. example.com,127.0.0.1, got '${value}'`);
-    }
-    return host;
-  };
-
-/** A --proxy-passthrough target: HOST (its port 443 only) or HOST:PORT ([V6]:PORT); lower-cased, the port kept only when given. */
-function parsePassthrough(value: string): string {
-  const text = value.trim().toLowerCase();
-  const withPort = /^(\[[0-9a-f:.]+\]|[^:[\]]+):(\d+)$/.exec(text);
-  const port = withPort ? Number(withPort[2]) : undefined;
-  const problem = `--proxy-passthrough takes HOST (its port 443) or HOST:PORT, e.g. example.com,127.0.0.1:8080,[::1]:8443, got '${value}'`;
-  if (port !== undefined && (port < 1 || port > 65535)) throw new ConfigError(`${problem}: the port must be 1-65535`);
-  let host: string;
-  try {
-    host = parseHostName('proxy-passthrough')(withPort ? withPort[1]! : text);
-  } catch {
-    throw new ConfigError(problem);
-  }
-  return port === undefined ? host : `${host.includes(':') ? `[${host}]` : host}:${port}`;
-}
 
 type StartupKey = keyof StartupOptions;
 
@@ -291,16 +235,7 @@ const LISTENING_ROWS: StartupRowSpecs<
     default: undefined,
     shown: 'where it listens',
     help: 'URL put into base_url fields',
-    parse: (v) => {
-      let url: URL;
-      try {
-        url = new URL(v);
-      } catch {
-        throw new ConfigError(`--public-url must be an absolute http(s) URL, got '${v}'`);
-      }
-      if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new ConfigError(`--public-url must use http or https, got '${v}'`);
-      return v.replace(/\/+$/, '');
-    },
+    parse: parsePublicUrl,
   },
   dataDir: { flag: 'data-dir', default: undefined, shown: 'none: in memory', help: 'folder for durable state', parse: notEmpty('data-dir') },
   dataDirFresh: {
@@ -379,29 +314,14 @@ const ENGINE_AND_ADMIN_ROWS: StartupRowSpecs<Exclude<StartupKey, keyof typeof LI
     shown: 'built in',
     repeatable: 'adds to env',
     help: 'NAME=PATH: use the tokenizer.json at PATH (a file or its folder) for base model NAME; repeatable',
-    parse: (v, tokenizers) => {
-      const next = { ...tokenizers };
-      for (const pair of v.split(',')) {
-        const eq = pair.indexOf('=');
-        if (eq <= 0 || eq === pair.length - 1) throw new ConfigError(`--tokenizer must be NAME=PATH, e.g. Qwen/Qwen3-8B=./tokenizer.json, got '${pair}'`);
-        next[pair.slice(0, eq)] = pair.slice(eq + 1);
-      }
-      return next;
-    },
+    parse: addTokenizers,
   },
   warmModels: {
     flag: 'warm',
     default: ['Qwen/Qwen3.5-2B'],
     shown: 'Qwen/Qwen3.5-2B',
     help: "MODEL[,MODEL...]: base models whose engine is built and run once in the background at start, so that a client's first step costs what its later ones do (about 150 MB resident each); none: no model",
-    parse: (v) => {
-      if (v === 'none') return [];
-      return v.split(',').map((name) => {
-        if (!findBaseModel(name))
-          throw new ConfigError(`--warm: '${name}' is not a supported base model (${BASE_MODELS.map((m) => m.name).join(', ')}), or 'none'`);
-        return name;
-      });
-    },
+    parse: parseWarmModels,
   },
   admin: {
     flag: 'admin',
@@ -499,11 +419,6 @@ const ENGINE_AND_ADMIN_ROWS: StartupRowSpecs<Exclude<StartupKey, keyof typeof LI
 export const SETTINGS_TABLE: readonly SettingRow[] = [...startupRows(LISTENING_ROWS), ...liveRows(), ...startupRows(ENGINE_AND_ADMIN_ROWS)];
 
 export const FLAG_ROWS: readonly FlagRow[] = SETTINGS_TABLE.filter((row): row is FlagRow => row.flag !== undefined);
-const FLAG_BY_NAME = new Map(FLAG_ROWS.map((row) => [row.flag, row]));
-const FLAG_DEFINITIONS: Record<string, FlagDefinition> = Object.fromEntries(
-  FLAG_ROWS.map((row) => [row.flag, { type: row.switch ? 'boolean' : 'string', multiple: row.repeatable }]),
-);
-
 export const DEFAULTS: ServerOptions = Object.fromEntries(
   FLAG_ROWS.filter((row) => row.default !== undefined).map((row) => [row.option, row.default]),
 ) as unknown as ServerOptions;
@@ -511,48 +426,4 @@ export const DEFAULTS: ServerOptions = Object.fromEntries(
 /** The live settings' starting values from the options, for LoopsCore; the others keep the core's defaults. */
 export function liveSettingsOf(options: ServerOptions): Partial<Settings> {
   return Object.fromEntries(FLAG_ROWS.filter((row) => row.live).map((row) => [row.option, options[row.option as keyof ServerOptions]]));
-}
-
-/** Options from `LOOPS_MOCK_*` variables, then flags (flags win). Throws ConfigError with a one-line message. */
-export function parseOptions(argv: string[], env: NodeJS.ProcessEnv = {}): ServerOptions {
-  // A fresh copy: repeatable flags build on the default list and map.
-  const options = structuredClone(DEFAULTS);
-  const given = parseFlags(argv, FLAG_DEFINITIONS, { error: (message) => new ConfigError(message) }).flags;
-  const byFlag = new Set(given.map((f) => f.name));
-  for (const row of FLAG_ROWS) {
-    // A flag that replaces its variable makes the variable moot: a bad LOOPS_MOCK_PORT does not block --port.
-    if (byFlag.has(row.flag) && (!row.repeatable || row.flagsReplaceEnv)) continue;
-    const value = env[row.env];
-    if (value !== undefined && value !== '') row.set(options, value);
-  }
-  const replacedEnv = new Set<FlagRow>();
-  for (const { name, value } of given) {
-    const row = FLAG_BY_NAME.get(name)!;
-    if (row.flagsReplaceEnv && !replacedEnv.has(row)) {
-      (options as unknown as Record<string, unknown>)[row.option] = structuredClone(row.default);
-      replacedEnv.add(row);
-    }
-    row.set(options, value);
-  }
-  return options;
-}
-
-/** A row's help with its default, as --help prints it. */
-export function helpOf(row: SettingRow): string {
-  return row.shownDefault === 'none' ? row.help : `${row.help} (default ${row.shownDefault})`;
-}
-
-export function usage(): string {
-  const lines = FLAG_ROWS.map((row) => `  --${row.flag.padEnd(18)} ${helpOf(row)}\n  ${''.padEnd(20)} env ${row.env}`);
-  return [
-    'Usage: loops-mock [serve] [flags]',
-    '       loops-mock record --help   (the recording proxy)',
-    "       loops-mock ca --help       (proxy mode's local CA)",
-    '       loops-mock export-model --help   (the tiny base model as a Hugging Face folder)',
-    '',
-    'Flags:',
-    ...lines,
-    '  --help              this text',
-    '  --version           print the version',
-  ].join('\n');
 }
