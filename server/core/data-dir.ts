@@ -1,7 +1,7 @@
 import Database from 'better-sqlite3';
 import { existsSync, mkdirSync, readdirSync, renameSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import { MANIFEST_FILE, readManifest, SCRATCH } from './checkpoints.js';
+import { MANIFEST_FILE, readManifest, SCRATCH } from './checkpoint-files.js';
 import type { CheckpointRecord } from './records.js';
 import { DataDirError, Store, WAYS_OUT } from './store.js';
 

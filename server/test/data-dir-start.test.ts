@@ -3,7 +3,7 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, renameSy
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { MANIFEST_FILE } from '../core/checkpoints.js';
+import { MANIFEST_FILE } from '../core/checkpoint-files.js';
 import { DataDirError } from '../core/store.js';
 import { ConfigError, type RunningServer } from '../index.js';
 import { client, fakeCheckpointFiles, newRun, startTestServer } from './helpers.js';
