@@ -66,7 +66,9 @@ export class BatchQueue<T, R> implements Batches {
     this.pending = this.pending.filter((p) => !batch.includes(p));
     try {
       const results = await run(batch.map((p) => p.request));
-      batch.forEach((p, i) => p.resolve(results[i]!));
+      batch.forEach((p, i) => {
+        p.resolve(results[i]!);
+      });
     } catch (err) {
       if (batch.length === 1) batch[0]!.reject(err as Error);
       else

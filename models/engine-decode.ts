@@ -119,7 +119,11 @@ export class Decoding {
     return inArrivalOrder(
       arrived,
       batch,
-      batch.map((r) => steps.slice(at, (at += r.rows.length))),
+      batch.map((r) => {
+        const from = at;
+        at += r.rows.length;
+        return steps.slice(from, at);
+      }),
     );
   }
 }

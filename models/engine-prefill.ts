@@ -87,7 +87,10 @@ export class Prefill {
     if (!batch.some(long)) return this.prefillRows(batch, null);
     const starts = new Map<PromptRequest, SequenceStart>();
     const short = batch.filter((p) => !long(p));
-    if (short.length) (await this.prefillRows(short, null)).forEach((start, i) => starts.set(short[i]!, start));
+    if (short.length)
+      (await this.prefillRows(short, null)).forEach((start, i) => {
+        starts.set(short[i]!, start);
+      });
     for (const p of batch.filter(long)) starts.set(p, await this.prefillBlocks(p));
     return batch.map((p) => starts.get(p)!);
   }

@@ -17,7 +17,8 @@ export class InlineRunner implements Runner {
   private runner: Promise<GraphRunner> | null = null;
   constructor(private readonly config: RunnerConfig) {}
   private get(): Promise<GraphRunner> {
-    return (this.runner ??= import('./graph-runner.js').then((m) => new m.GraphRunner(this.config)));
+    this.runner ??= import('./graph-runner.js').then((m) => new m.GraphRunner(this.config));
+    return this.runner;
   }
   async run(req: RunRequest): Promise<Record<string, Feed>> {
     return (await this.get()).run(req);
@@ -69,7 +70,7 @@ export class WorkerRunner implements Runner {
    * closed mid-step waits for the step instead.
    */
   close(): Promise<void> {
-    return (this.closing ??= (async () => {
+    this.closing ??= (async () => {
       if (this.pending.size)
         await new Promise<void>((resolve) => {
           this.drained = resolve;
@@ -77,7 +78,8 @@ export class WorkerRunner implements Runner {
       const w = this.worker;
       this.worker = null;
       if (w) await w.terminate();
-    })());
+    })();
+    return this.closing;
   }
 
   private call(msg: { run?: RunRequest; warm?: GraphKind }): Promise<Record<string, Feed>> {

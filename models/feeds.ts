@@ -130,7 +130,7 @@ export function ropeFeeds(headDim: number, B: number, T: number, offset: number 
     for (let t = 0; t < T; t++) {
       const at = (b * T + t) * hd;
       for (let j = 0; j < half; j++) {
-        const angle = (start(b) + t) * Math.pow(ROPE_BASE, (-2 * j) / hd);
+        const angle = (start(b) + t) * ROPE_BASE ** ((-2 * j) / hd);
         cos[at + j] = cos[at + j + half] = Math.cos(angle);
         sin[at + j] = sin[at + j + half] = Math.sin(angle);
       }
@@ -210,11 +210,11 @@ export function ownCotangentFeeds(dims: ModelDims, B: number, T: number, owed?: 
 export function cotangentFeed(chunk: ScoredSequence[], cotangents: Float32Array[]): Feed {
   const S = Math.max(...chunk.map(scoredCount));
   const c = new Float32Array(chunk.length * S);
-  chunk.forEach((seq, b) =>
+  chunk.forEach((seq, b) => {
     positionsOf(seq).forEach((t, k) => {
       c[b * S + k] = cotangents[b]![t]!;
-    }),
-  );
+    });
+  });
   return feed('float32', c, [chunk.length, S]);
 }
 
@@ -257,11 +257,11 @@ export function promptFeeds(dims: ModelDims, tokens: number[][], invTemperatures
   const { heads } = dims;
   const hd = dims.dModel / heads;
   const ids = new BigInt64Array(B * Tq);
-  tokens.forEach((row, b) =>
+  tokens.forEach((row, b) => {
     row.forEach((t, i) => {
       ids[b * Tq + i] = BigInt(t);
-    }),
-  );
+    });
+  });
   const feeds: Record<string, Feed> = {
     tokens: feed('int64', ids, [B, Tq]),
     attn_bias: feed(

@@ -160,10 +160,11 @@ export class GraphRunner {
 
   /** An unused slot's unembedding LoRA: rank 0, so it costs nothing. */
   private get emptySlot(): { A: ort.Tensor; B: ort.Tensor } {
-    return (this.empty ??= {
+    this.empty ??= {
       A: new ort.Tensor('float32', new Float32Array(0), [this.config.dims.dModel, 0]),
       B: new ort.Tensor('float32', new Float32Array(0), [0, this.config.dims.vocab]),
-    });
+    };
+    return this.empty;
   }
 
   private empty: { A: ort.Tensor; B: ort.Tensor } | null = null;

@@ -79,7 +79,9 @@ export class LongSequences {
         topkRows(result.topk_values!, result.topk_indices! as unknown as BigInt64Array, [part], k)[0]!.forEach((row, i) => {
           if (row.ids.length) top[block[0] + i] = row;
         });
-      this.blockKv.forEach((name, i) => cache.write(i, block[0], result[name]!));
+      this.blockKv.forEach((name, i) => {
+        cache.write(i, block[0], result[name]!);
+      });
     }
     return { logprobs, top, cache, blocks };
   }
@@ -115,7 +117,10 @@ export class LongSequences {
       // The logprobs of every block from its backward run (the last block had no forward run).
       logprobs.set(unpad(result.logprobs!, [part])[0]!, start);
       addGrads(result);
-      if (start > 0) this.pastGrads.forEach((name, i) => owed.write(i, 0, result[name]!, true));
+      if (start > 0)
+        this.pastGrads.forEach((name, i) => {
+          owed.write(i, 0, result[name]!, true);
+        });
     }
     return logprobs;
   }

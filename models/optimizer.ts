@@ -43,16 +43,21 @@ export function adamwStep(params: Map<string, Float32Array>, grads: Map<string, 
     let m = state.m.get(name);
     let v = state.v.get(name);
     if (!m || !v) {
-      state.m.set(name, (m = new Float32Array(p.length)));
-      state.v.set(name, (v = new Float32Array(p.length)));
+      m = new Float32Array(p.length);
+      v = new Float32Array(p.length);
+      state.m.set(name, m);
+      state.v.set(name, v);
     }
     for (let i = 0; i < p.length; i++) {
       const gi = g[i]! * clipScale;
       // Rounded to float32 as stored, so the next line reads what the arrays hold.
-      const mi = (m[i] = Math.fround(b1 * m[i]! + rest1 * gi));
-      const vi = (v[i] = Math.fround(b2 * v[i]! + rest2 * gi * gi));
+      const mi = Math.fround(b1 * m[i]! + rest1 * gi);
+      const vi = Math.fround(b2 * v[i]! + rest2 * gi * gi);
+      m[i] = mi;
+      v[i] = vi;
       const update = lr * (mi / c1 / (Math.sqrt(vi / c2) + eps) + wd * p[i]!);
-      const pi = (p[i] = Math.fround(p[i]! - update));
+      const pi = Math.fround(p[i]! - update);
+      p[i] = pi;
       updateSq += update * update;
       paramSq += pi * pi;
     }

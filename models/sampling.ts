@@ -244,11 +244,17 @@ export function chooseToken(logprobs: Float32Array, probs: Float32Array, params:
   else for (let v = 0; v < V; v++) mass += probs[v]!;
   let u = rng.next() * mass;
   if (candidates) {
-    for (const v of candidates) if ((u -= probs[v]!) < 0) return [v, logprobs[v]!];
+    for (const v of candidates) {
+      u -= probs[v]!;
+      if (u < 0) return [v, logprobs[v]!];
+    }
     const last = candidates[candidates.length - 1]!;
     return [last, logprobs[last]!];
   }
-  for (let v = 0; v < V; v++) if ((u -= probs[v]!) < 0) return [v, logprobs[v]!];
+  for (let v = 0; v < V; v++) {
+    u -= probs[v]!;
+    if (u < 0) return [v, logprobs[v]!];
+  }
   return [V - 1, logprobs[V - 1]!];
 }
 
@@ -256,7 +262,10 @@ export function chooseToken(logprobs: Float32Array, probs: Float32Array, params:
 function topPOf(candidates: number[], probs: Float32Array, topP: number): number[] {
   const total = candidates.reduce((s, v) => s + probs[v]!, 0);
   let acc = 0;
-  const cut = candidates.findIndex((v) => (acc += probs[v]!) >= topP * total);
+  const cut = candidates.findIndex((v) => {
+    acc += probs[v]!;
+    return acc >= topP * total;
+  });
   return candidates.slice(0, cut + 1);
 }
 
@@ -282,7 +291,8 @@ function drawNucleus(probs: Float32Array, topP: number, rng: Prng): number {
     let run = 0;
     let keptBefore = 0;
     for (let v = 0; v < V; v++) {
-      if ((run += probs[v]!) > t) return { token: v, keptBefore };
+      run += probs[v]!;
+      if (run > t) return { token: v, keptBefore };
       if (inside(v)) keptBefore += probs[v]!;
     }
     return { token: V - 1, keptBefore };
@@ -297,7 +307,8 @@ function drawNucleus(probs: Float32Array, topP: number, rng: Prng): number {
   for (let v = 0; v < V; v++) {
     if (!inside(v)) continue;
     last = v;
-    if ((u -= probs[v]!) < 0) return v;
+    u -= probs[v]!;
+    if (u < 0) return v;
   }
   return last;
 }

@@ -53,7 +53,9 @@ export class SideBySide {
         for (let i = 0; i < site.inDim; i++) A.set(own.subarray(i * r, (i + 1) * r), i * total + starts[j]!);
       });
       const B = new Float32Array(total * site.outDim);
-      members.forEach((m, j) => B.set(m.tensors[b]!.data as Float32Array, starts[j]! * site.outDim));
+      members.forEach((m, j) => {
+        B.set(m.tensors[b]!.data as Float32Array, starts[j]! * site.outDim);
+      });
       this.tensors[a] = { type: 'float32', data: A, dims: [site.inDim, total] };
       this.tensors[b] = { type: 'float32', data: B, dims: [total, site.outDim] };
     }
@@ -63,7 +65,9 @@ export class SideBySide {
   rowScales(rowMembers: number[]): Feed {
     const { starts, ranks, total } = this.columns;
     const data = new Float32Array(rowMembers.length * total);
-    rowMembers.forEach((j, b) => data.fill(this.scales[j]!, b * total + starts[j]!, b * total + starts[j]! + ranks[j]!));
+    rowMembers.forEach((j, b) => {
+      data.fill(this.scales[j]!, b * total + starts[j]!, b * total + starts[j]! + ranks[j]!);
+    });
     return { type: 'float32', data, dims: [rowMembers.length, 1, total] };
   }
 }

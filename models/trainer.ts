@@ -75,7 +75,7 @@ export class LoraTrainer {
     const { seqs, lossData } = this.prepare(data, loss);
     const { reduction } = options;
     const topK = options.topK ?? 0;
-    let result;
+    let result: ReturnType<typeof computeLoss>;
     let top: TopTokens[][] | null = null;
     if (cotangentsNeedLogprobs(loss)) {
       const scored = topK > 0 ? await this.engine.topk(seqs, this.adapter, topK) : { logprobs: await this.engine.forward(seqs, this.adapter), top: null };

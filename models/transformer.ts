@@ -283,7 +283,9 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
       g.output(logprobs, 'logprobs');
       g.output(g.exp(logprobs), 'probs');
     }
-    presents.forEach((s, i) => g.output(s, `present_${i % 2 === 0 ? 'k' : 'v'}.${Math.floor(i / 2)}`));
+    presents.forEach((s, i) => {
+      g.output(s, `present_${i % 2 === 0 ? 'k' : 'v'}.${Math.floor(i / 2)}`);
+    });
   } else {
     // Only the scored positions (those with a target that counts) reach the unembedding: with prompts
     // masked out, that is most of the cost of a vocabulary-sized output saved.
@@ -310,9 +312,9 @@ export function buildGraph(kind: GraphKind, dims: ModelDims, options: GraphOptio
       // this block's losses owe to the cached keys and values of earlier blocks.
       const cotangent = g.input('cotangent', 'float32', ['B', 'S']);
       const seeds: [Sym, Sym][] = [[logprobs, cotangent]];
-      own.forEach(({ k, v }, l) =>
-        seeds.push([k, g.input(`cot_k.${l}`, 'float32', ['B', heads, 'T', hd])], [v, g.input(`cot_v.${l}`, 'float32', ['B', heads, 'T', hd])]),
-      );
+      own.forEach(({ k, v }, l) => {
+        seeds.push([k, g.input(`cot_k.${l}`, 'float32', ['B', heads, 'T', hd])], [v, g.input(`cot_v.${l}`, 'float32', ['B', heads, 'T', hd])]);
+      });
       const past = own.flatMap(({ pastK, pastV }) => [pastK, pastV]);
       const wrt = [...[...lora.values(), ...slots].flatMap(({ A, B }) => [A, B]), ...past];
       const grads = backprop(g, seeds, wrt);

@@ -1,11 +1,13 @@
 import onnxProto from 'onnx-proto';
+import type * as onnxTypes from 'onnx-proto';
 
 /**
  * A small ONNX graph builder. Each op helper records a node and returns a
  * symbolic tensor with its inferred shape, so the autodiff (autodiff.ts) can
  * read the graph back as a tape. Dimensions are numbers or names ('B', 'T').
  */
-const { onnx } = onnxProto as unknown as { onnx: any };
+// onnx-proto is CommonJS: its `onnx` namespace arrives on the default import, typed by the package's own declarations.
+const { onnx } = onnxProto as unknown as typeof onnxTypes;
 
 export type Dim = number | string;
 export type DType = 'float32' | 'int64' | 'bool';
@@ -300,7 +302,9 @@ export class GraphBuilder {
     const branch = (name: string, build: (b: GraphBuilder) => Sym[]) => {
       const b = new GraphBuilder(`${this.name}.if${at}.${name}`, this);
       const results = build(b);
-      results.forEach((r, i) => b.output(r, `${b.name}.result${i}`));
+      results.forEach((r, i) => {
+        b.output(r, `${b.name}.result${i}`);
+      });
       return { b, results };
     };
     const yes = branch('then', then);
@@ -343,7 +347,7 @@ export class GraphBuilder {
     return onnx.ModelProto.encode(model).finish() as Uint8Array;
   }
 
-  private graphProto(): unknown {
+  private graphProto(): onnxTypes.onnx.IGraphProto {
     const valueInfo = (s: Sym) =>
       onnx.ValueInfoProto.create({
         name: s.name,

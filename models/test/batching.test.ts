@@ -49,7 +49,10 @@ describe('BatchQueue', () => {
       keyOf: () => '',
       maxBatch: 16,
       fits: (taken, next) => taken.reduce((a, b) => a + b, 0) + next <= 10,
-      run: async (batch) => (batches.push(batch), batch),
+      run: async (batch) => {
+        batches.push(batch);
+        return batch;
+      },
       schedule: (q) => {
         held = q;
       },
@@ -68,7 +71,10 @@ describe('BatchQueue', () => {
     const queue = new BatchQueue<number, number>({
       keyOf: () => '',
       maxBatch: 16,
-      run: async (b) => (batches.push(b), b),
+      run: async (b) => {
+        batches.push(b);
+        return b;
+      },
       schedule: flushSoon(
         () => expected,
         3,

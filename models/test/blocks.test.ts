@@ -59,7 +59,9 @@ describe('blocked scoring of long sequences', () => {
   it('gives the logprobs of one run over the whole sequence', async () => {
     const a = await whole.forward(seqs, adapter);
     const b = await blocked.forward(seqs, adapter);
-    seqs.forEach((_, k) => expect(maxDiff(a[k]!, b[k]!), `sequence ${k}`).toBeLessThan(1e-5));
+    seqs.forEach((_, k) => {
+      expect(maxDiff(a[k]!, b[k]!), `sequence ${k}`).toBeLessThan(1e-5);
+    });
     expect(a[1]![10]).not.toBe(0);
     expect(b[4]!.every((x) => x === 0)).toBe(true);
   });
@@ -72,7 +74,9 @@ describe('blocked scoring of long sequences', () => {
       const scale = Math.max(1e-3, ...Array.from(g, Math.abs));
       expect(maxDiff(g, b.grads.get(name)!) / scale, name).toBeLessThan(1e-4);
     }
-    seqs.forEach((_, k) => expect(maxDiff(a.logprobs[k]!, b.logprobs[k]!)).toBeLessThan(1e-5));
+    seqs.forEach((_, k) => {
+      expect(maxDiff(a.logprobs[k]!, b.logprobs[k]!)).toBeLessThan(1e-5);
+    });
   });
 
   it('gives the top-k of one run at every position', async () => {
@@ -90,7 +94,10 @@ describe('blocked scoring of long sequences', () => {
     for (const { top, logprobs } of [a, b]) {
       expect(top[0]).toHaveLength(s.tokens.length);
       top[0]!.forEach((row, t) => {
-        if (!s.scored!.includes(t)) return expect(row.ids).toEqual([]);
+        if (!s.scored!.includes(t)) {
+          expect(row.ids).toEqual([]);
+          return;
+        }
         expect(row.ids).toEqual(all.top[0]![t]!.ids);
         expect(maxDiff(row.logprobs, all.top[0]![t]!.logprobs)).toBeLessThan(1e-5);
         expect(Math.abs(logprobs[0]![t]! - all.logprobs[0]![t]!)).toBeLessThan(1e-5);
@@ -104,7 +111,9 @@ describe('blocked scoring of long sequences', () => {
     const b = await blocked.startSequence(prompt, adapter, 1, null);
     expect(maxDiff(a.logprobs!, b.logprobs!)).toBeLessThan(1e-5);
     expect(b.cache.length).toBe(61);
-    a.cache.past.forEach((p, i) => expect(maxDiff(p, b.cache.past[i]!)).toBeLessThan(1e-5));
+    a.cache.past.forEach((p, i) => {
+      expect(maxDiff(p, b.cache.past[i]!)).toBeLessThan(1e-5);
+    });
     const greedyA = await whole.startSequence(prompt, adapter, 1, [-1]);
     const greedyB = await blocked.startSequence(prompt, adapter, 1, [-1]);
     expect(greedyB.drawn).toEqual(greedyA.drawn!.map((d) => ({ token: d.token, logprob: expect.closeTo(d.logprob, 5) })));

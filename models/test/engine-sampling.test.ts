@@ -131,7 +131,8 @@ describe('sampling', () => {
             let mass = 0;
             for (const v of candidates) {
               kept.push(v);
-              if ((mass += probs[v]!) >= cut.topP * total) break;
+              mass += probs[v]!;
+              if (mass >= cut.topP * total) break;
             }
             const drawOrder = cut.topK ? kept : [...kept].sort((a, b) => a - b);
             const keptSet = new Set(kept);
@@ -181,7 +182,9 @@ describe('sampling', () => {
             };
             const retries = cut.topK ? null : us.map((_, i) => retryOf(i));
             const drawn = (await e.startSequence(p, adapter, invT, us, cut, retries)).drawn!;
-            drawn.forEach(({ token, logprob }, i) => check(token, logprob, us[i]!, retryOf(i)));
+            drawn.forEach(({ token, logprob }, i) => {
+              check(token, logprob, us[i]!, retryOf(i));
+            });
             if (exact) expect(new Set(drawn.map((d) => d.token)).size).toBeGreaterThan(Math.min(kept.length, 40) * 0.3);
             // A decode step of rows from two requests with the same kind (and k), each with its own top_p, in one run.
             const start = await e.startSequence(p.slice(0, 3), adapter, invT, [0.5], cut, [0.5]);
@@ -194,7 +197,9 @@ describe('sampling', () => {
               ),
               e.decodeRows([{ token: 2, cache: start.cache, draw: 0.99, retry: 0.5 }], adapter, invT, { ...cut, topP: 0.999 }),
             ]);
-            mine.forEach((step, i) => check(step.drawn!.token, step.drawn!.logprob, us[i]!, retryOf(i)));
+            mine.forEach((step, i) => {
+              check(step.drawn!.token, step.drawn!.logprob, us[i]!, retryOf(i));
+            });
             expect(probs[other[0]!.drawn!.token]!).toBeGreaterThanOrEqual(probs[candidates.at(-1)!]! * (1 - 1e-5));
             // The small nucleus cuts leave much of the mass out: some draws of those have gone through the redraw.
             if (exact && !cut.topK && cut.topP <= 0.5) expect(redrawn, `draws redrawn at top_p ${cut.topP}`).toBeGreaterThan(0);
@@ -300,7 +305,9 @@ describe('sampling', () => {
         expect(t.cache.length).toBe(prompts[i]!.length);
         t.cache.past.forEach((layer, l) => {
           expect(layer.length).toBe(a.cache.past[l]!.length);
-          layer.forEach((x, k) => expect(Math.abs(x - a.cache.past[l]![k]!)).toBeLessThan(1e-5));
+          layer.forEach((x, k) => {
+            expect(Math.abs(x - a.cache.past[l]![k]!)).toBeLessThan(1e-5);
+          });
         });
         if (mode === 'distribution') {
           let worst = 0;
@@ -310,7 +317,9 @@ describe('sampling', () => {
           expect(worst).toBeLessThan(1e-4);
         } else {
           expect(t.drawn!.map((d) => d.token)).toEqual(a.drawn!.map((d) => d.token));
-          t.drawn!.forEach((d, k) => expect(Math.abs(d.logprob - a.drawn![k]!.logprob)).toBeLessThan(1e-5));
+          t.drawn!.forEach((d, k) => {
+            expect(Math.abs(d.logprob - a.drawn![k]!.logprob)).toBeLessThan(1e-5);
+          });
         }
       });
     }
@@ -340,7 +349,9 @@ describe('sampling', () => {
       expect(await packedSessions()).toBe(1);
       const packed = await step();
       expect(packed.map((r) => r.drawn!.token)).toEqual(first.map((r) => r.drawn!.token));
-      packed.forEach((r, i) => expect(Math.abs(r.drawn!.logprob - first[i]!.drawn!.logprob)).toBeLessThan(1e-5));
+      packed.forEach((r, i) => {
+        expect(Math.abs(r.drawn!.logprob - first[i]!.drawn!.logprob)).toBeLessThan(1e-5);
+      });
     } finally {
       await small.close();
     }

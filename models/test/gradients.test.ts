@@ -63,15 +63,15 @@ async function checkLoss(loss: LossName): Promise<string[]> {
       const { logprobs } = await trainer.forward(data, loss, config);
       let total = 0;
       let weight = 0;
-      data.forEach((d, k) =>
+      data.forEach((d, k) => {
         d.tokens.forEach((_, t) => {
           const A = d.advantages![t]!;
           const counted = d.targetTokens !== null ? d.targetTokens[t] !== -100 : t >= 1;
           if (!counted || A === 0) return;
           total += d.weights![t]! * -weightsAt0[k]![t]! * logprobs[k]![t]! * A;
           weight += d.weights![t]!;
-        }),
-      );
+        });
+      });
       return total / weight;
     };
   }

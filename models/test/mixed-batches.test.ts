@@ -157,13 +157,19 @@ describe('concurrent runs batched together', () => {
     const before = { ...engine.graphRuns };
     const together = await Promise.all(runs.map(({ adapter, seqs }) => engine.forward(seqs, adapter)));
     expect(engine.graphRuns.total - before.total).toBe(1);
-    together.forEach((lps, i) => lps.forEach((lp, s) => expect(relativeDifference(lp, alone[i]![s]!)).toBeLessThan(1e-5)));
+    together.forEach((lps, i) => {
+      lps.forEach((lp, s) => {
+        expect(relativeDifference(lp, alone[i]![s]!)).toBeLessThan(1e-5);
+      });
+    });
 
     const same = { ...engine.graphRuns };
     const [a, b] = await Promise.all([engine.forward(runs[1]!.seqs, runs[1]!.adapter), engine.forward(runs[3]!.seqs, runs[1]!.adapter)]);
     expect(engine.graphRuns.total - same.total).toBe(1);
     expect(engine.graphRuns.mixed - same.mixed).toBe(0);
-    a!.forEach((lp, s) => expect(relativeDifference(lp, alone[1]![s]!)).toBeLessThan(1e-5));
+    a!.forEach((lp, s) => {
+      expect(relativeDifference(lp, alone[1]![s]!)).toBeLessThan(1e-5);
+    });
     expect(b!.length).toBe(runs[3]!.seqs.length);
   });
 
@@ -177,7 +183,9 @@ describe('concurrent runs batched together', () => {
     expect(engine.graphRuns.mixed - before.mixed).toBe(1);
     expect(engine.graphRuns.total - before.total).toBe(3);
     expect(good.status).toBe('fulfilled');
-    (good as PromiseFulfilledResult<Float32Array[]>).value.forEach((lp, s) => expect(Array.from(lp)).toEqual(Array.from(alone[s]!)));
+    (good as PromiseFulfilledResult<Float32Array[]>).value.forEach((lp, s) => {
+      expect(Array.from(lp)).toEqual(Array.from(alone[s]!));
+    });
     expect(failed.status).toBe('rejected');
   });
 
@@ -226,7 +234,11 @@ describe('concurrent runs batched together', () => {
       expect(engine.graphRuns.mixed - before.mixed).toBe(runsTaken);
       together.forEach((seqs, i) => {
         expect(seqs.map((s) => s.tokens)).toEqual(alone[i]!.map((s) => s.tokens));
-        seqs.forEach((s, k) => s.logprobs.forEach((lp, t) => expect(Math.abs(lp - alone[i]![k]!.logprobs[t]!)).toBeLessThan(1e-4)));
+        seqs.forEach((s, k) => {
+          s.logprobs.forEach((lp, t) => {
+            expect(Math.abs(lp - alone[i]![k]!.logprobs[t]!)).toBeLessThan(1e-4);
+          });
+        });
       });
     }
   });

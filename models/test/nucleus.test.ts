@@ -13,7 +13,8 @@ function bruteForceNucleus(probs: Float32Array, topP: number): Set<number> {
   let kept = 0;
   for (const v of order) {
     out.add(v);
-    if ((kept += probs[v]!) >= topP * total) break;
+    kept += probs[v]!;
+    if (kept >= topP * total) break;
   }
   return out;
 }
@@ -154,7 +155,10 @@ describe('the top_p draw in the graph', () => {
             expect(logps[i]).toBeCloseTo(lp, 5);
             const at = (x: number) => {
               let run = 0;
-              for (let v = 0; v < V; v++) if ((run += probs[v]!) > x * whole) return v;
+              for (let v = 0; v < V; v++) {
+                run += probs[v]!;
+                if (run > x * whole) return v;
+              }
               return V - 1;
             };
             paths[nucleus.has(at(u[i]!)) ? 'first' : nucleus.has(at(retry[i]!)) ? 'retry' : 'redrawn']++;
