@@ -1,49 +1,27 @@
-import { findBaseModel, supportedModelNames } from '../../models/registry.js';
 import type { Accounts } from './accounts.js';
 import type { Checkpoints } from './checkpoints.js';
 import type { Clock } from './clock.js';
 import type { DeploymentLogs } from './deployment-logs.js';
 import { invalid, notFound } from './errors.js';
 import { DEAD_SAMPLER, FleetLifecycle, type FleetOptions } from './fleet-lifecycle.js';
+import {
+  checkSeqLength,
+  type CreateRunInput,
+  type CreateSamplerInput,
+  type ListScope,
+  MAX_LORA_RANK,
+  newestFirst,
+  owner,
+  requireBaseModel,
+  visibleTo,
+} from './fleet-inputs.js';
 import { newModelId, newResourceId } from './ids.js';
 import type { DeploymentRecord, Ownership, Principal, RunRecord, SamplerRecord, SessionRecord } from './records.js';
 import type { Store } from './store.js';
 
 export type { FleetOptions } from './fleet-lifecycle.js';
-
-/** Largest LoRA rank the engine builds adapters for. */
-export const MAX_LORA_RANK = 128;
-
-export interface CreateRunInput {
-  session_id: string;
-  base_model: string;
-  name?: string | null;
-  max_seq_len?: number | null;
-  lora_rank?: number;
-  seed?: number | null;
-  scale_down_delay_seconds?: number;
-  availability_model?: 'dedicated' | 'spot';
-  replicas?: number;
-  path?: string | null;
-  reuse_from_run_id?: string | null;
-  reuse_from_session_id?: string | null;
-}
-
-export interface CreateSamplerInput {
-  session_id: string;
-  base_model?: string | null;
-  run_id?: string | null;
-  max_seq_length?: number | null;
-  model_path?: string | null;
-  reuse_from_session_id?: string | null;
-}
-
-export interface ListScope {
-  /** `org` lists the organisation's resources; otherwise the caller's own. */
-  scope?: string;
-  /** Team-scoped routes list only that team's resources. */
-  teamId?: string;
-}
+export { MAX_LORA_RANK } from './fleet-inputs.js';
+export type { CreateRunInput, CreateSamplerInput, ListScope } from './fleet-inputs.js';
 
 /** Whether a sampler has stopped for good (or was deleted): it has no replicas any more. */
 export function samplerStopped(s: SamplerRecord): boolean {
@@ -91,8 +69,8 @@ export class Fleet extends FleetLifecycle {
     this.accounts.requireMember(p, teamId, 'create a run in this team');
     const session = this.getSession(p, input.session_id, 'session_id');
     this.accounts.requireMember(p, session.team_id, `create a run in session ${session.id}`);
-    const model = this.requireModel(input.base_model, 'base_model');
-    const maxSeqLen = this.checkSeqLength(input.max_seq_len, model.name, 'max_seq_len');
+    const model = requireBaseModel(input.base_model, 'base_model');
+    const maxSeqLen = checkSeqLength(input.max_seq_len, model.name, 'max_seq_len');
     const loraRank = input.lora_rank ?? 64;
     if (loraRank > MAX_LORA_RANK) throw invalid(`lora_rank ${loraRank} is too large: loops-mock supports ranks 1..${MAX_LORA_RANK}.`, { field: 'lora_rank' });
     if (input.path) {
@@ -185,7 +163,7 @@ export class Fleet extends FleetLifecycle {
 
   listRuns(p: Principal, filter: ListScope & { run_id?: string; base_model?: string }): RunRecord[] {
     return newestFirst(
-      this.visible([...this.runs.values()], p, filter).filter(
+      visibleTo([...this.runs.values()], p, filter).filter(
         (r) => (filter.run_id === undefined || r.id === filter.run_id) && (filter.base_model === undefined || r.base_model === filter.base_model),
       ),
     );
@@ -216,7 +194,7 @@ export class Fleet extends FleetLifecycle {
   /** Deployments not STOPPED, as Baseten lists them (what is provisioned now); getDeployment still finds a stopped one. */
   listDeployments(p: Principal, filter: ListScope): DeploymentRecord[] {
     return newestFirst(
-      this.visible(
+      visibleTo(
         [...this.deployments.values()].filter((d) => d.status !== 'STOPPED'),
         p,
         filter,
@@ -269,12 +247,12 @@ export class Fleet extends FleetLifecycle {
         throw invalid(`Run ${run.id} is INACTIVE (${run.inactive_reason ?? 'stopped'}); an inactive run cannot get a sampler. Create a new run.`, {
           field: 'run_id',
         });
-      const maxSeqLength = this.checkSeqLength(input.max_seq_length, run.base_model);
+      const maxSeqLength = checkSeqLength(input.max_seq_length, run.base_model);
       return this.pairSampler(run, maxSeqLength);
     }
     if (!input.base_model) throw invalid('Give base_model for a standalone sampler, or run_id to pair a sampler with a run.', { field: 'base_model' });
-    const model = this.requireModel(input.base_model, 'base_model');
-    const maxSeqLength = this.checkSeqLength(input.max_seq_length, model.name);
+    const model = requireBaseModel(input.base_model, 'base_model');
+    const maxSeqLength = checkSeqLength(input.max_seq_length, model.name);
     if (input.model_path) {
       const c = this.checkpoints.resolve(p, input.model_path, 'model_path', 'sampler');
       if (c.base_model !== model.name)
@@ -319,7 +297,7 @@ export class Fleet extends FleetLifecycle {
   }
 
   listSamplers(p: Principal, filter: ListScope): SamplerRecord[] {
-    return newestFirst(this.visible([...this.samplers.values()], p, filter));
+    return newestFirst(visibleTo([...this.samplers.values()], p, filter));
   }
 
   getSampler(p: Principal, id: string): SamplerRecord {
@@ -401,7 +379,7 @@ export class Fleet extends FleetLifecycle {
         .sort((a, b) => b.created_at - a.created_at)[0];
     }
     // Best effort, as upstream: a run that is no longer live is replaced by a fresh one.
-    if (!prior || prior.status !== 'ACTIVE') return undefined;
+    if (prior?.status !== 'ACTIVE') return undefined;
     const d = this.deployments.get(prior.deployment_id);
     return d && ['CREATED', 'DEPLOYING', 'RUNNING'].includes(d.status) ? prior : undefined;
   }
@@ -442,46 +420,9 @@ export class Fleet extends FleetLifecycle {
     return s;
   }
 
-  private visible<T extends Ownership>(items: T[], p: Principal, filter: ListScope): T[] {
-    if (filter.scope !== undefined && filter.scope !== 'org')
-      throw invalid(`scope '${filter.scope}' is not supported: use scope=org for your organisation's resources, or omit it for your own.`, { field: 'scope' });
-    return items.filter(
-      (x) => x.org_id === p.org_id && (filter.scope === 'org' || x.user_id === p.user_id) && (filter.teamId === undefined || x.team_id === filter.teamId),
-    );
-  }
-
-  private requireModel(name: string, field: string) {
-    const model = findBaseModel(name);
-    if (!model)
-      throw invalid(`${field} '${name}' is not a supported base model. Supported: ${supportedModelNames().join(', ')}.`, {
-        field,
-        supported: supportedModelNames(),
-      });
-    return model;
-  }
-
-  /** A run's max_seq_len or a sampler's max_seq_length: within the model's context; omitted, the model's maximum. */
-  private checkSeqLength(requested: number | null | undefined, baseModel: string, field = 'max_seq_length'): number {
-    const max = findBaseModel(baseModel)!.maxContextLength;
-    // A declaration, defaulting to the model's maximum as documented: what a request actually sends is bounded by
-    // this server's --max-seq-len-limit at that request (lengthLimit).
-    const value = requested ?? max;
-    if (value < 1 || value > max) throw invalid(`${field} ${value} is out of range for ${baseModel}: use 1..${max}, or omit it.`, { field });
-    return value;
-  }
-
   /** The longest input a run or sampler takes now: its own length, within this server's limit (which may have been lowered since it was made). */
   lengthLimit(own: number, ownName: string): { maxLength: number; lengthName: string } {
     const limit = this.options.maxSeqLenLimit;
     return own <= limit ? { maxLength: own, lengthName: ownName } : { maxLength: limit, lengthName: "server's --max-seq-len-limit (raise it to allow longer)" };
   }
-}
-
-/** Newest first; records created in the same millisecond keep their reverse creation order (maps iterate in insertion order). */
-function newestFirst<T extends { created_at: number }>(items: T[]): T[] {
-  return items.reverse().sort((a, b) => b.created_at - a.created_at);
-}
-
-function owner(p: Ownership, teamId: string): Ownership {
-  return { org_id: p.org_id, user_id: p.user_id, team_id: teamId };
 }
