@@ -55,7 +55,7 @@ export function parseFlags(argv: readonly string[], definitions: Record<string, 
     return `--${inline[1]}`;
   });
   const allowPositionals = how.allowPositionals ?? false;
-  let tokens;
+  let tokens: ReturnType<typeof parseArgs>['tokens'];
   try {
     ({ tokens } = parseArgs({ args, options: definitions, strict: true, allowPositionals, tokens: true }));
   } catch (err) {

@@ -344,7 +344,7 @@ export function adminRoutes(appIn: FastifyInstance, core: LoopsCore, options: Ad
     },
     (req) => {
       const body = req.body as { name?: string; scenario?: unknown; text?: string };
-      let spec;
+      let spec: ReturnType<typeof parseScenario>;
       if (body.name !== undefined) {
         const { text, source } = readScenarioSource(body.name, false);
         spec = parseScenario(text, source);

@@ -137,9 +137,13 @@ function checkRules(spec: ScenarioSpec, lineOf: (path: (string | number)[]) => n
   };
   at(['settings'], () => applySettings(structuredClone(DEFAULT_SETTINGS), spec.settings ?? {}, 'settings'));
   const faults = new Faults();
-  spec.faults?.forEach((rule, i) => at(['faults', i], () => faults.add(rule as FaultRuleInput)));
+  spec.faults?.forEach((rule, i) => {
+    at(['faults', i], () => faults.add(rule as FaultRuleInput));
+  });
   const progress = new Progress({ now: () => 0, setTimer: () => ({ cancel() {} }) });
-  spec.progress?.forEach((rule, i) => at(['progress', i], () => progress.add(rule as ProgressRuleInput)));
+  spec.progress?.forEach((rule, i) => {
+    at(['progress', i], () => progress.add(rule as ProgressRuleInput));
+  });
 }
 
 /**

@@ -1,10 +1,10 @@
-import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { FastifyBaseLogger, FastifyInstance, FastifyRequest, RawReplyDefaultExpression, RawRequestDefaultExpression, RawServerDefault } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import type { LoopsCore } from '../core/core.js';
 import type { AnswerCache } from '../http/answer-cache.js';
 import type { Views } from './views.js';
 
-export type TypedApp = FastifyInstance<any, any, any, any, TypeBoxTypeProvider>;
+export type TypedApp = FastifyInstance<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger, TypeBoxTypeProvider>;
 
 export interface ControlContext {
   core: LoopsCore;

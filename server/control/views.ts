@@ -13,7 +13,8 @@ const iso = (ms: number): string => {
   let text = isoTexts.get(ms);
   if (text === undefined) {
     if (isoTexts.size >= 4096) isoTexts.clear();
-    isoTexts.set(ms, (text = new Date(ms).toISOString()));
+    text = new Date(ms).toISOString();
+    isoTexts.set(ms, text);
   }
   return text;
 };

@@ -16,7 +16,7 @@ const DEFAULT_TEAM_NAME = 'Default Team';
 /** A stable 7-character lowercase id derived from `parts`: the same key always maps to the same user. */
 function stableId(...parts: string[]): string {
   const digest = createHash('sha256').update(parts.join('\u0000')).digest();
-  return BigInt('0x' + digest.subarray(0, 8).toString('hex'))
+  return BigInt(`0x${digest.subarray(0, 8).toString('hex')}`)
     .toString(36)
     .padStart(7, '0')
     .slice(-7);

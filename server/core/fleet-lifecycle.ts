@@ -167,7 +167,9 @@ export abstract class FleetLifecycle {
       for (const [from, to] of steps) apply(from, to);
       return;
     }
-    steps.forEach(([from, to], i) => this.after((total * (i + 1)) / steps.length, () => apply(from, to)));
+    steps.forEach(([from, to], i) => {
+      this.after((total * (i + 1)) / steps.length, () => apply(from, to));
+    });
   }
 
   protected armIdleTimer(run: RunRecord): void {

@@ -91,7 +91,10 @@ export class History {
 
 function push<T>(map: Map<string, T[]>, key: string, event: T): void {
   let list = map.get(key);
-  if (!list) map.set(key, (list = []));
+  if (!list) {
+    list = [];
+    map.set(key, list);
+  }
   list.push(event);
   if (list.length > KEEP) list.splice(0, list.length - KEEP);
 }

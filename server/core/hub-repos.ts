@@ -135,7 +135,10 @@ export class HubRepos {
     const path = listed.tokenizerPaths.get(file.name);
     if (path) return this.tokenizerFiles.get(path)!.content;
     let weights = this.weights.get(repo.id);
-    if (!weights) this.weights.set(repo.id, (weights = this.makeWeights(listed.model)));
+    if (!weights) {
+      weights = this.makeWeights(listed.model);
+      this.weights.set(repo.id, weights);
+    }
     return weights;
   }
 

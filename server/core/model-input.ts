@@ -140,7 +140,8 @@ export function modelInputTokens(
   input.chunks.forEach((chunk, c) => {
     const at = `${field}.chunks[${c}]`;
     if (chunk.type === 'image') {
-      const n = imagePositions(chunk, at, (rule ??= limits.images()));
+      rule ??= limits.images();
+      const n = imagePositions(chunk, at, rule);
       const placeholder = (rule as { placeholder: number }).placeholder;
       for (let i = 0; i < n; i++) tokens.push(placeholder);
       imagePositionCount += n;

@@ -182,7 +182,10 @@ export class SamplerReplicas {
   /** The base model as an adapter, one per base model: requests on it share one identity, so they batch and cache. */
   private baseAdapter(model: string): LoraAdapter {
     let a = this.baseAdapters.get(model);
-    if (!a) this.baseAdapters.set(model, (a = zeroAdapter(this.engines.get(model).sites)));
+    if (!a) {
+      a = zeroAdapter(this.engines.get(model).sites);
+      this.baseAdapters.set(model, a);
+    }
     return a;
   }
 

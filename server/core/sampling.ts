@@ -110,7 +110,16 @@ export class Sampling {
         index,
         text: promptText + tok.decode(seq.tokens),
         logprobs: wantLogprobs
-          ? { tokens: allTokens, token_logprobs: allLogprobs, top_logprobs: null, text_offset: allTokens.map((p) => (offset += p.length) - p.length) }
+          ? {
+              tokens: allTokens,
+              token_logprobs: allLogprobs,
+              top_logprobs: null,
+              text_offset: allTokens.map((p) => {
+                const start = offset;
+                offset += p.length;
+                return start;
+              }),
+            }
           : null,
         finish_reason: seq.stop_reason,
       };

@@ -100,7 +100,10 @@ export class Traffic {
 
 function push<T>(map: Map<string, T[]>, key: string, value: T): void {
   let list = map.get(key);
-  if (!list) map.set(key, (list = []));
+  if (!list) {
+    list = [];
+    map.set(key, list);
+  }
   list.push(value);
   if (list.length > MAX_SAMPLES) list.splice(0, list.length - MAX_SAMPLES);
 }

@@ -285,7 +285,8 @@ export class Trainers {
         s.loaded = true;
       })();
       s.ready.catch(() => undefined);
-      this.states.set(run.id, (state = s));
+      state = s;
+      this.states.set(run.id, state);
     }
     return state;
   }
@@ -341,12 +342,12 @@ function checkAdam(given: Partial<AdamParams>): AdamParams {
 function topTensors(rows: TopTokens[], k: number): { top_k_token_ids: WireTensorData; top_k_logprobs: WireTensorData } {
   const ids = new Array<number>(rows.length * k).fill(0);
   const logprobs = new Array<number>(rows.length * k).fill(TOP_K_SENTINEL_LOGPROB);
-  rows.forEach((row, t) =>
+  rows.forEach((row, t) => {
     row.ids.forEach((id, j) => {
       ids[t * k + j] = id;
       logprobs[t * k + j] = row.logprobs[j]!;
-    }),
-  );
+    });
+  });
   const shape = [rows.length, k];
   return { top_k_token_ids: { data: ids, dtype: 'int64', shape }, top_k_logprobs: { data: logprobs, dtype: 'float32', shape } };
 }

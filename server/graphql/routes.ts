@@ -1,6 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { execute, GraphQLError, parse, validate, type DocumentNode } from 'graphql';
+import { execute, type GraphQLError, parse, validate, type DocumentNode } from 'graphql';
 import Type from 'typebox';
 import type { LoopsCore } from '../core/core.js';
 import { requirePrincipal } from '../http/auth.js';

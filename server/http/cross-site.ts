@@ -57,7 +57,7 @@ export function crossSiteRefusal(request: FastifyRequest): { message: string; fi
   const marked = request.headers[ADMIN_REQUEST_HEADER];
   if (typeof marked === 'string' && marked !== '') return undefined;
   if (site === 'same-origin') return undefined;
-  const type = request.headers['content-type']?.split(';')[0]!.trim().toLowerCase();
+  const type = request.headers['content-type']?.split(';')[0]?.trim().toLowerCase();
   if (type !== undefined && type !== '' && !SIMPLE_TYPES.has(type)) return undefined;
   return {
     field: `headers.${ADMIN_REQUEST_HEADER}`,

@@ -101,7 +101,9 @@ export function buildOpenApi(routes: RouteOptions[], version: string, serverUrl:
       }
       responses['4XX'] = ERROR_REPLY;
       responses['5XX'] = ERROR_REPLY;
-      (paths[path] ??= {})[method.toLowerCase()] = {
+      const operations = paths[path] ?? {};
+      paths[path] = operations;
+      operations[method.toLowerCase()] = {
         operationId: operationId(method, path),
         tags: schema.tags,
         summary: schema.summary,

@@ -33,7 +33,10 @@ export const validatorCompiler: FastifySchemaCompiler<unknown> = ({ schema, http
   let fn = cache.get(schema as object);
   const compile = (): ValidateFunction => {
     fn ??= cache.get(schema as object);
-    if (!fn) cache.set(schema as object, (fn = ajv.compile(schema as object)));
+    if (!fn) {
+      fn = ajv.compile(schema as object);
+      cache.set(schema as object, fn);
+    }
     return fn;
   };
   const validate = (data: unknown): boolean => {

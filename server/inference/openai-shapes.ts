@@ -86,7 +86,11 @@ function textLogprobs(c: Choice, decode: Decode) {
     tokens: texts,
     token_logprobs: c.logprobs.slice(0, texts.length),
     top_logprobs: c.top ? c.top.map((row) => Object.fromEntries(row.map(([id, lp]) => [decode([id]), lp]))) : null,
-    text_offset: texts.map((t) => (offset += t.length) - t.length),
+    text_offset: texts.map((t) => {
+      const start = offset;
+      offset += t.length;
+      return start;
+    }),
   };
 }
 
