@@ -1,11 +1,12 @@
-import { request as httpRequest, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import { connect, type Socket } from 'node:net';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
 import { TLSSocket } from 'node:tls';
 import type { LoopsCore } from '../core/core.js';
 import type { JournalEntry, ProxyAction } from '../core/journal.js';
 import type { FrontOfHouse } from '../http/base-app.js';
 import { VERSION } from '../version.js';
 import { appPathOf, INTERCEPTED_HOSTS_TEXT, isInterceptedHost, requestHost } from './baseten-hosts.js';
+import { authorityKey, authorityText, forwardPlain, HANDSHAKE_TIMEOUT_MS, openTunnel, passthroughKey, refuseSocket } from './tunnels.js';
 import type { LocalCa } from './ca.js';
 
 export interface ForwardProxyOptions {
@@ -19,8 +20,6 @@ export interface ForwardProxyOptions {
   maxHandshakes?: number;
 }
 
-/** A client that opens a tunnel and never finishes its handshake (or a passthrough host that never answers) is let go after this. */
-const HANDSHAKE_TIMEOUT_MS = 10_000;
 /**
  * Handshakes in progress at once: each holds a file descriptor until it ends,
  * so a flood of CONNECTs that never handshake could otherwise take every
@@ -30,19 +29,6 @@ const HANDSHAKE_TIMEOUT_MS = 10_000;
 const MAX_HANDSHAKES = 512;
 /** At most one log line a this often about refused handshakes, with how many were refused since the last. */
 const LIMIT_LOG_EVERY_MS = 5_000;
-/** Hop-by-hop headers a forwarded request or answer loses (RFC 9110 7.6.1), and the proxy's own credentials. */
-const HOP_BY_HOP = [
-  'connection',
-  'keep-alive',
-  'proxy-authorization',
-  'proxy-authenticate',
-  'proxy-connection',
-  'te',
-  'trailer',
-  'transfer-encoding',
-  'upgrade',
-];
-
 /** A CONNECT target or an absolute-form URL's authority. */
 const AUTHORITY = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/;
 
@@ -138,43 +124,16 @@ export class ForwardProxy implements FrontOfHouse {
       res.end(body);
       return true;
     }
-    const target = new URL(url);
-    const upstream = httpRequest(
-      { host: target.hostname, port, method: req.method, path: `${target.pathname}${target.search}`, headers: endToEnd(req.headers) },
-      (answer) => {
-        res.writeHead(answer.statusCode ?? 502, endToEnd(answer.headers));
-        answer.pipe(res);
-        this.record({
-          seq,
-          time,
-          method: req.method ?? 'GET',
-          path: url.split('?')[0]!,
-          status: answer.statusCode ?? 502,
-          started,
-          action: 'passthrough',
-          host,
-          port,
-        });
+    forwardPlain(
+      req,
+      res,
+      { url, host, port },
+      {
+        track: (socket) => this.track(socket),
+        record: (status, error) =>
+          this.record({ seq, time, method: req.method ?? 'GET', path: url.split('?')[0]!, status, started, action: 'passthrough', host, port, error }),
       },
     );
-    upstream.on('socket', (socket) => this.track(socket));
-    upstream.on('error', (err) => {
-      this.record({
-        seq,
-        time,
-        method: req.method ?? 'GET',
-        path: url.split('?')[0]!,
-        status: 502,
-        started,
-        action: 'passthrough',
-        host,
-        port,
-        error: err.message,
-      });
-      if (!res.headersSent) res.writeHead(502, { 'content-type': 'application/json', 'x-loops-mock-version': VERSION });
-      res.end(JSON.stringify({ error: { type: 'bad_gateway', message: `loops-mock could not reach ${host} (a --proxy-passthrough host): ${err.message}.` } }));
-    });
-    req.pipe(upstream);
     return true;
   }
 
@@ -200,23 +159,30 @@ export class ForwardProxy implements FrontOfHouse {
       this.record({ seq, time, method: 'CONNECT', path: target, status, started, action, host, port, error });
     if (!m) {
       entry(400, 'refuse', '', 0, 'not host:port');
-      return refuseSocket(socket, 400, 'Bad CONNECT target', `CONNECT needs a target of the form host:port, got '${target.slice(0, 200)}'.`);
+      refuseSocket(socket, 400, 'Bad CONNECT target', `CONNECT needs a target of the form host:port, got '${target.slice(0, 200)}'.`);
+      return;
     }
     const host = m[1]!.replace(/^\[|\]$/g, '').toLowerCase();
     const port = Number(m[2]);
     if (this.decrypted.has(socket)) {
       entry(403, 'refuse', host, port, 'inside a loops-mock tunnel');
-      return refuseSocket(socket, 403, NESTED_REFUSAL, `${NESTED_REFUSAL}.`, { host, port });
+      refuseSocket(socket, 403, NESTED_REFUSAL, `${NESTED_REFUSAL}.`, { host, port });
+      return;
     }
-    if (this.passes(host, port)) return this.tunnel(socket, head, host, port, entry);
+    if (this.passes(host, port)) {
+      openTunnel(socket, head, host, port, entry, (s) => this.track(s));
+      return;
+    }
     if (!isInterceptedHost(host)) {
       entry(403, 'refuse', host, port);
-      return refuseSocket(socket, 403, refusalOf(host, port), `${refusalOf(host, port)}.`, { host, port });
+      refuseSocket(socket, 403, refusalOf(host, port), `${refusalOf(host, port)}.`, { host, port });
+      return;
     }
     if (port !== 443) {
       const reason = `loops-mock intercepts ${host} on port 443 only, where Baseten and the Hub serve HTTPS; a CONNECT to port ${port} is refused`;
       entry(403, 'refuse', host, port);
-      return refuseSocket(socket, 403, reason, `${reason}.`, { host, port });
+      refuseSocket(socket, 403, reason, `${reason}.`, { host, port });
+      return;
     }
     this.intercept(socket, head, host, port, entry);
   }
@@ -233,7 +199,8 @@ export class ForwardProxy implements FrontOfHouse {
       const reason = `loops-mock has ${this.handshaking} TLS handshakes in progress, its limit; try again in a moment`;
       entry(503, 'refuse', host, port, 'handshake limit');
       this.limitHit();
-      return refuseSocket(socket, 503, reason, `${reason}.`, { host, limit: this.maxHandshakes });
+      refuseSocket(socket, 503, reason, `${reason}.`, { host, limit: this.maxHandshakes });
+      return;
     }
     this.handshaking++;
     socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
@@ -278,59 +245,6 @@ export class ForwardProxy implements FrontOfHouse {
       socket.destroy();
     });
     socket.once('close', () => tls.destroy());
-  }
-
-  private tunnel(
-    socket: Socket,
-    head: Buffer,
-    host: string,
-    port: number,
-    entry: (status: number, action: ProxyAction, host: string, port: number, error?: string) => void,
-  ): void {
-    const upstream = connect({ host, port });
-    this.track(upstream);
-    this.track(socket);
-    let established = false;
-    const unreachable = (why: string) => {
-      entry(502, 'passthrough', host, port, why);
-      const reason = `loops-mock could not reach ${authorityText(host, port)}`;
-      refuseSocket(socket, 502, reason, `${reason} (a --proxy-passthrough target): ${why}.`, { host, port });
-      upstream.destroy();
-    };
-    upstream.setTimeout(HANDSHAKE_TIMEOUT_MS, () => {
-      if (!established) unreachable(`no connection within ${HANDSHAKE_TIMEOUT_MS / 1000} s`);
-    });
-    // Read the client from the start, so that its leaving is seen at once; what it sends early is kept for the upstream.
-    const early: Buffer[] = head.length ? [head] : [];
-    const keep = (chunk: Buffer) => early.push(chunk);
-    socket.on('data', keep);
-    upstream.once('connect', () => {
-      established = true;
-      upstream.setTimeout(0);
-      entry(200, 'passthrough', host, port);
-      socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
-      socket.off('data', keep);
-      for (const chunk of early) upstream.write(chunk);
-      upstream.pipe(socket);
-      socket.pipe(upstream);
-    });
-    upstream.on('error', (err) => {
-      // Before the tunnel stands the client is owed the 502; after, its end of the tunnel just closes.
-      if (!established) unreachable(err.message);
-      else socket.destroy();
-    });
-    // A client gone before the tunnel stands takes its upstream connection with it, at once.
-    socket.once('end', () => {
-      if (!established) {
-        entry(499, 'passthrough', host, port, 'the client closed the connection before the tunnel stood');
-        upstream.destroy();
-        socket.destroy();
-      }
-    });
-    socket.on('close', () => upstream.destroy());
-    upstream.on('close', () => {
-      if (established) socket.destroy();
-    });
   }
 
   /** Whether `host:port` is a passthrough target. */
@@ -389,43 +303,11 @@ export class ForwardProxy implements FrontOfHouse {
 
 const NESTED_REFUSAL = 'loops-mock refuses a proxy request sent inside one of its own tunnels; send it to the proxy port itself';
 
-/** A passthrough entry as its key: `HOST` is port 443, `HOST:PORT` and `[V6]:PORT` name theirs. */
-export function passthroughKey(entry: string): string {
-  const text = entry.trim().toLowerCase();
-  const bracketed = /^\[([0-9a-f:.]+)\](?::(\d+))?$/.exec(text);
-  if (bracketed) return authorityKey(bracketed[1]!, Number(bracketed[2] ?? 443));
-  // More than one colon and no brackets: an IPv6 address without a port.
-  if (text.split(':').length > 2) return authorityKey(text, 443);
-  const [host, port] = text.split(':');
-  return authorityKey(host!, Number(port ?? 443));
-}
-
-function authorityKey(host: string, port: number): string {
-  return `${host.toLowerCase()}#${port}`;
-}
-
-/** `host:port` as a client writes it (IPv6 in brackets). */
-function authorityText(host: string, port: number): string {
-  return `${host.includes(':') ? `[${host}]` : host}:${port}`;
-}
-
 /** Why a host is refused, with the --proxy-passthrough value that would let it through (the bare host means port 443). */
 function refusalOf(host: string, port: number): string {
   const safe = host.replace(/[^A-Za-z0-9.:-]/g, '?');
   const named = port === 443 ? (safe.includes(':') ? `[${safe}]` : safe) : authorityText(safe, port);
   return `loops-mock does not proxy ${named}: it answers ${INTERCEPTED_HOSTS_TEXT} itself; tunnel others with --proxy-passthrough ${named}`;
-}
-
-/** Headers without the hop-by-hop ones, nor those the Connection header names. */
-function endToEnd(headers: IncomingMessage['headers']): IncomingMessage['headers'] {
-  const named = String(headers.connection ?? '')
-    .toLowerCase()
-    .split(',')
-    .map((h) => h.trim())
-    .filter(Boolean);
-  const out: IncomingMessage['headers'] = {};
-  for (const [name, value] of Object.entries(headers)) if (!HOP_BY_HOP.includes(name) && !named.includes(name)) out[name] = value;
-  return out;
 }
 
 /** The port of an absolute-form URL, for the journal. */
@@ -436,19 +318,6 @@ function portOf(url: string): number {
   } catch {
     return 0;
   }
-}
-
-/**
- * Answers on a raw socket: the reason phrase carries the one-line reason
- * (clients print it, e.g. requests' "Tunnel connection failed: 403 ..."), the
- * body the error in its JSON shape.
- */
-function refuseSocket(socket: Socket, status: number, reason: string, message: string, details: Record<string, unknown> = {}): void {
-  const phrase = reason.replace(/[^\x20-\x7e]/g, '?').slice(0, 300);
-  const body = JSON.stringify({ error: { type: status === 400 ? 'invalid_request' : status === 502 ? 'bad_gateway' : 'proxy_refused', message, ...details } });
-  socket.end(
-    `HTTP/1.1 ${status} ${phrase}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nx-loops-mock-version: ${VERSION}\r\nconnection: close\r\n\r\n${body}`,
-  );
 }
 
 /** What a failed handshake most likely means, said so that the journal reader knows the fix. */
