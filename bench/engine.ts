@@ -24,7 +24,10 @@ const mb = (bytes: number) => (bytes / 2 ** 20).toFixed(0);
 
 function randomData(batch: number, length: number, vocab: number): TrainingDatum[] {
   let x = 12345;
-  const next = () => (x = (Math.imul(x, 1103515245) + 12345) >>> 0) % vocab;
+  const next = () => {
+    x = (Math.imul(x, 1103515245) + 12345) >>> 0;
+    return x % vocab;
+  };
   return Array.from({ length: batch }, () => {
     const tokens = Array.from({ length }, next);
     return { tokens, targetTokens: null, weights: null, logprobs: null, advantages: null };

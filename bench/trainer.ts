@@ -27,7 +27,8 @@ function campaignData() {
         loss_fn_inputs: { target_tokens: { data: d.targetTokens, dtype: 'int64', shape: [d.tokens.length] } },
       };
     });
-  return (data = { train: wire(TICKETS), evalSet: wire(EVAL_TICKETS), prompts: EVAL_TICKETS.map(([ticket]) => tok.encode(prompt(ticket))) });
+  data = { train: wire(TICKETS), evalSet: wire(EVAL_TICKETS), prompts: EVAL_TICKETS.map(([ticket]) => tok.encode(prompt(ticket))) };
+  return data;
 }
 
 /** The guide's campaign round (campaign.py) against a server: its wall time in ms. */

@@ -120,7 +120,7 @@ async function main(argv: string[]): Promise<number> {
   if (command === 'replay') return replay(rest);
   if (command !== 'run') throw new UsageError(`unknown command '${command}'`);
   const opts = parseRunArgs(rest);
-  let cases;
+  let cases: ReturnType<typeof listCases>;
   try {
     cases = listCases(opts.scenarios, opts.tasks);
   } catch (err) {
@@ -150,7 +150,7 @@ async function replay(argv: string[]): Promise<number> {
   }
   if (!/^https?:\/\//.test(opts.server)) throw new UsageError('--server URL is required: the control plane URL of the endpoint to replay against');
   if (!opts.key) throw new UsageError('--key KEY is required: an API key of that endpoint');
-  let fixtures;
+  let fixtures: ReturnType<typeof readFixtures>;
   try {
     fixtures = readFixtures(opts.fixtures ?? defaultFixturesDir());
   } catch (err) {

@@ -161,7 +161,7 @@ export async function runCorruptDatabase(root: string, options: { damages?: stri
 
 /** Checkpoints not back byte for byte after --rebuild-records (all of them when it does not start). */
 async function checkRebuild(root: string, dataDir: string, state: SavedState, name: string, failures: string[]): Promise<number> {
-  let server;
+  let server: Awaited<ReturnType<typeof startServerProcess>>;
   try {
     server = await startServerProcess(root, ['--data-dir', dataDir, ...SERVER_ARGS, '--rebuild-records']);
   } catch (err) {
@@ -191,7 +191,7 @@ async function checkRebuild(root: string, dataDir: string, state: SavedState, na
 
 /** Whether --data-dir-fresh started empty with the checkpoints set aside whole. */
 async function checkFresh(root: string, dataDir: string, checkpointsBefore: Map<string, string>, name: string, failures: string[]): Promise<boolean> {
-  let server;
+  let server: Awaited<ReturnType<typeof startServerProcess>>;
   try {
     server = await startServerProcess(root, ['--data-dir', dataDir, ...SERVER_ARGS, '--data-dir-fresh']);
   } catch (err) {

@@ -1,6 +1,6 @@
 import { Prng } from '../models/prng.js';
 import { errorShapeProblem, soakClient, type Outcome } from './http.js';
-import { chance, jsonWithRaw, nastyValue, pathsOf, pick, RAW, RAW_NUMBERS, replaceAt, valueOf, type Hints, type Schema } from './schema-values.js';
+import { chance, jsonWithRaw, nastyValue, pathsOf, pick, RAW, RAW_NUMBERS, replaceAt, valueOfSchema, type Hints, type Schema } from './schema-values.js';
 
 /**
  * The seeded fuzz: every route /openapi.json lists, each case a valid body
@@ -269,11 +269,11 @@ export function fuzzCase(i: number, seed: string, routes: Route[], ctx: FuzzCont
   }
   const route = pick(rng, routes);
   const takesBody = route.method !== 'GET';
-  let body: unknown = takesBody ? (seedBody(route, ctx, rng, i) ?? (route.body ? valueOf(route.body, rng, hintsOf(ctx, rng, i)) : undefined)) : undefined;
+  let body: unknown = takesBody ? (seedBody(route, ctx, rng, i) ?? (route.body ? valueOfSchema(route.body, rng, hintsOf(ctx, rng, i)) : undefined)) : undefined;
   const params = Object.fromEntries(route.params.map((p) => [p, encodeURIComponent(paramValue(p, ctx))]));
   const query: Record<string, string> = {};
   const repeated: [string, string][] = [];
-  for (const q of route.query) if (chance(rng, 0.4)) query[q.name] = String(valueOf(q.schema, rng, hintsOf(ctx, rng, i), q.name));
+  for (const q of route.query) if (chance(rng, 0.4)) query[q.name] = String(valueOfSchema(q.schema, rng, hintsOf(ctx, rng, i), q.name));
   if (route.template === '/v1/loops/checkpoints') for (const k of Object.keys(query)) delete query[k];
   if (route.template === '/v1/loops/checkpoints') query.run_id = ctx.run;
   const headers: Record<string, string> = { ...auth };

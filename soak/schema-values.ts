@@ -31,30 +31,30 @@ export const chance = (rng: Prng, p: number): boolean => rng.next() < p;
 export type Hints = Record<string, () => unknown>;
 
 /** A value the schema accepts, small wherever it has a choice: the work a valid case asks for stays light. */
-export function valueOf(schema: Schema, rng: Prng, hints: Hints, key?: string, depth = 0): unknown {
+export function valueOfSchema(schema: Schema, rng: Prng, hints: Hints, key?: string, depth = 0): unknown {
   if (key !== undefined && hints[key]) return hints[key]!();
   if (schema.const !== undefined) return schema.const;
   if (schema.enum) return pick(rng, schema.enum);
   const branches = schema.anyOf ?? schema.oneOf;
   if (branches) {
     const real = branches.filter((b) => b.type !== 'null');
-    return valueOf(real.length && chance(rng, 0.85) ? pick(rng, real) : pick(rng, branches), rng, hints, key, depth);
+    return valueOfSchema(real.length && chance(rng, 0.85) ? pick(rng, real) : pick(rng, branches), rng, hints, key, depth);
   }
   switch (schema.type) {
     case 'object': {
       const out: Record<string, unknown> = {};
       const required = new Set(schema.required ?? []);
       for (const [name, s] of Object.entries(schema.properties ?? {})) {
-        if (required.has(name) || (depth < 4 && chance(rng, 0.4))) out[name] = valueOf(s, rng, hints, name, depth + 1);
+        if (required.has(name) || (depth < 4 && chance(rng, 0.4))) out[name] = valueOfSchema(s, rng, hints, name, depth + 1);
       }
       const pattern = Object.values(schema.patternProperties ?? {})[0];
-      if (pattern && depth < 4 && chance(rng, 0.5)) out.k = valueOf(pattern, rng, hints, undefined, depth + 1);
+      if (pattern && depth < 4 && chance(rng, 0.5)) out.k = valueOfSchema(pattern, rng, hints, undefined, depth + 1);
       return out;
     }
     case 'array': {
       const min = schema.minItems ?? 0;
       const n = Math.min(schema.maxItems ?? Infinity, min + Math.floor(rng.next() * 3));
-      return Array.from({ length: Math.max(min, n) }, () => valueOf(schema.items ?? {}, rng, hints, undefined, depth + 1));
+      return Array.from({ length: Math.max(min, n) }, () => valueOfSchema(schema.items ?? {}, rng, hints, undefined, depth + 1));
     }
     case 'string': {
       const min = Math.max(schema.minLength ?? 1, 1);
@@ -147,7 +147,10 @@ export const RAW_NUMBERS = ['1e400', '-1e400', '1e39', '123456789012345678901234
 /** Paths to every leaf and branch of a JSON value, so a mutation can land anywhere in it. */
 export function pathsOf(value: unknown, prefix: (string | number)[] = [], out: (string | number)[][] = []): (string | number)[][] {
   if (prefix.length) out.push(prefix);
-  if (Array.isArray(value)) value.slice(0, 8).forEach((v, i) => pathsOf(v, [...prefix, i], out));
+  if (Array.isArray(value))
+    value.slice(0, 8).forEach((v, i) => {
+      pathsOf(v, [...prefix, i], out);
+    });
   else if (value && typeof value === 'object') for (const [k, v] of Object.entries(value)) pathsOf(v, [...prefix, k], out);
   return out;
 }

@@ -189,7 +189,7 @@ describe('state after injected failures', () => {
     /** A client that retries each call with the same key until it gets an answer. */
     const robust = async (op: string, body: unknown, key: string) => {
       for (let attempt = 0; attempt < 50; attempt++) {
-        let submitted;
+        let submitted: Awaited<ReturnType<typeof api.call>>;
         try {
           submitted = await api.call('POST', `${trainer}/${op}`, body, { 'idempotency-key': key });
         } catch {

@@ -2,7 +2,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { MockAdminError, type MockAdmin, type RunningServer, type StartOptions } from '../index.js';
+import type { MockAdminError, MockAdmin, RunningServer, StartOptions } from '../index.js';
 import { shippedScenarioNames } from '../admin/scenario.js';
 import { startAdmin, type Api, fb, sampleBody, sleep, newRun, submitAndPoll } from './admin-helpers.js';
 import { startTestServer } from './helpers.js';

@@ -244,7 +244,7 @@ describe('the loops-mock command', () => {
       // The first forward builds its graph: a person waiting on it is told, and told when it is done.
       has(/Qwen\/Qwen3\.5-2B: building the 'forward' graph \(first use/);
       has(/Qwen\/Qwen3\.5-2B: 'forward' graph ready \([\d.]+ s/);
-      if (format === 'pretty') expect(lines.find((l) => l.includes('/v1/loops/sessions 200'))).toMatch(/^\d\d:\d\d:\d\d\.\d{3} INFO  POST/);
+      if (format === 'pretty') expect(lines.find((l) => l.includes('/v1/loops/sessions 200'))).toMatch(/^\d\d:\d\d:\d\d\.\d{3} INFO {2}POST/);
     }
   }, 60_000);
 

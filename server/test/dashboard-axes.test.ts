@@ -60,7 +60,7 @@ describe('the dashboard', () => {
     page = await browser.newPage();
     const run = await newRun(http(server.url));
     // Three optim_steps whose norms differ past the third significant digit, as the history records them.
-    [14.2961, 14.3003, 14.3042].forEach((grad_norm, i) =>
+    [14.2961, 14.3003, 14.3042].forEach((grad_norm, i) => {
       server!.core.history.operationFinished({
         id: `op-${i}`,
         runId: run.id,
@@ -69,8 +69,8 @@ describe('the dashboard', () => {
         submittedAt: 0,
         finishedAt: 1,
         result: { policy_version: i + 1, metrics: { grad_norm, learning_rate: 1e-4 } },
-      } as Operation),
-    );
+      } as Operation);
+    });
 
     await page.goto(`${server.url}/_mock/ui#/run/${run.id}`);
     await page.locator('#grad-chart .tick-y').first().waitFor();

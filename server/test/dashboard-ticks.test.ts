@@ -33,7 +33,9 @@ describe('tick labels', () => {
       const labels = tickLabels(ticks);
       const name = `${min}..${max}: ${labels.join(' ')}`;
       expect(new Set(labels).size, name).toBe(ticks.length);
-      labels.forEach((l, i) => expect(Math.abs(Number(l) - ticks[i]!), name).toBeLessThanOrEqual(Math.abs(ticks[1]! - ticks[0]!) * 1e-6));
+      labels.forEach((l, i) => {
+        expect(Math.abs(Number(l) - ticks[i]!), name).toBeLessThanOrEqual(Math.abs(ticks[1]! - ticks[0]!) * 1e-6);
+      });
       const nonZero = labels.filter((l) => l !== '0');
       const digits = (l: string) => l.replace(/e.*$/, '').replace(/^-?\d*\.?/, '').length;
       expect(new Set(nonZero.map(digits)).size, name).toBe(1);

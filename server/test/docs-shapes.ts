@@ -86,7 +86,9 @@ export function differences(actual: unknown, shape: Shape, path = '$'): string[]
     const out: string[] = [];
     if (shape.count !== undefined && actual.length !== shape.count) out.push(`${path}: expected ${shape.count} item(s), got ${actual.length}`);
     if (shape.count === undefined && actual.length === 0) out.push(`${path}: expected at least one item, got none`);
-    actual.forEach((item, i) => out.push(...differences(item, shape.item, `${path}[${i}]`)));
+    actual.forEach((item, i) => {
+      out.push(...differences(item, shape.item, `${path}[${i}]`));
+    });
     return out;
   }
   const fields = shape instanceof AtLeast ? shape.fields : shape;

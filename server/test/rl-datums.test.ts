@@ -76,7 +76,9 @@ describe("the RL guide's datums (no target_tokens): position k scores token k", 
       const lp: number[] = out.logprobs.data;
       expect(lp).toHaveLength(promptTokens.length + samples[i]!.tokens.length);
       expect(lp[0]).toBe(0);
-      samples[i]!.logprobs.forEach((q, k) => expect(Math.abs(lp[promptTokens.length + k]! - q)).toBeLessThan(1e-4));
+      samples[i]!.logprobs.forEach((q, k) => {
+        expect(Math.abs(lp[promptTokens.length + k]! - q)).toBeLessThan(1e-4);
+      });
     });
   });
 
@@ -107,7 +109,9 @@ describe("the RL guide's datums (no target_tokens): position k scores token k", 
     const r = await api.op(trainer, 'forward', { data: [d], loss_fn: 'importance_sampling' });
     expect(Math.abs(r.metrics.ratio_mean - 1)).toBeLessThan(1e-4);
     expect(r.metrics.kl_sampler_trainer).toBeLessThan(1e-4);
-    s.logprobs.forEach((q, k) => expect(Math.abs(r.loss_fn_outputs[0].logprobs.data[pad + k] - q)).toBeLessThan(1e-4));
+    s.logprobs.forEach((q, k) => {
+      expect(Math.abs(r.loss_fn_outputs[0].logprobs.data[pad + k] - q)).toBeLessThan(1e-4);
+    });
   });
 
   it('refuses a non-zero advantage at position 0 with a 400 naming the field, the position and the fix', async () => {

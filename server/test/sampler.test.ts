@@ -218,7 +218,9 @@ describe('versions after a load', () => {
     const afterLoad = await promptLogprobs(published.policy_version);
     expect(afterLoad.policy_version).toBe(4);
     const expected = await trainerLogprobs();
-    expected.forEach((lp, i) => expect(Math.abs(afterLoad.logprobs[i + 1]! - lp)).toBeLessThan(1e-4));
+    expected.forEach((lp, i) => {
+      expect(Math.abs(afterLoad.logprobs[i + 1]! - lp)).toBeLessThan(1e-4);
+    });
     expect(Math.max(...expected.map((lp, i) => Math.abs(beforeLoad.logprobs[i + 1]! - lp)))).toBeGreaterThan(1e-3);
 
     // Both replicas go live at the new version.
@@ -239,7 +241,9 @@ describe('versions after a load', () => {
         { 'x-min-policy-version': '4', 'x-affinity-key': key },
       );
       expect(r.status).toBe(200);
-      expected.forEach((lp, i) => expect(Math.abs(r.body.logprobs[i + 1] - lp)).toBeLessThan(1e-4));
+      expected.forEach((lp, i) => {
+        expect(Math.abs(r.body.logprobs[i + 1] - lp)).toBeLessThan(1e-4);
+      });
     }
 
     // init_trainer_server is a new adapter too: the version moves on, never back.
@@ -267,11 +271,15 @@ describe('sampling routes', () => {
         loss_fn: 'cross_entropy',
       });
       const trainerLp = fwd.loss_fn_outputs[0].logprobs.data.slice(promptTokens.length - 1, tokens.length - 1);
-      s.logprobs.forEach((lp: number, k: number) => expect(Math.abs(lp - trainerLp[k])).toBeLessThan(1e-4));
+      s.logprobs.forEach((lp: number, k: number) => {
+        expect(Math.abs(lp - trainerLp[k])).toBeLessThan(1e-4);
+      });
       const cl = (await c.call('POST', `${sampler}/compute_logprobs`, { prompt: { chunks: [{ type: 'encoded_text', tokens }] } })).body;
       expect(cl.logprobs[0]).toBeNull();
       expect(cl.logprobs).toHaveLength(tokens.length);
-      s.logprobs.forEach((lp: number, k: number) => expect(Math.abs(lp - cl.logprobs[promptTokens.length + k])).toBeLessThan(1e-4));
+      s.logprobs.forEach((lp: number, k: number) => {
+        expect(Math.abs(lp - cl.logprobs[promptTokens.length + k])).toBeLessThan(1e-4);
+      });
     }
   });
 

@@ -54,7 +54,11 @@ async function eventually(what: string, done: () => boolean | Promise<boolean>, 
 
 async function fileWith(path: string, pattern: RegExp): Promise<RegExpExecArray> {
   let match: RegExpExecArray | null = null;
-  await eventually(`${path} matching ${pattern}`, () => existsSync(path) && (match = pattern.exec(readFileSync(path, 'utf8'))) !== null);
+  await eventually(`${path} matching ${pattern}`, () => {
+    if (!existsSync(path)) return false;
+    match = pattern.exec(readFileSync(path, 'utf8'));
+    return match !== null;
+  });
   return match!;
 }
 

@@ -113,7 +113,7 @@ describe('the operation protocol', () => {
     expect(new Set(ids).size).toBe(4);
     const results = [];
     for (const id of ids) {
-      let polled;
+      let polled: Awaited<ReturnType<typeof api.call>>;
       do polled = await api.call('GET', `${trainer}/operations/${id}`);
       while (polled.status === 408);
       results.push(polled.body.result);
@@ -158,7 +158,7 @@ describe('the operation protocol', () => {
     expect(pending.status).toBe(408);
     expect(pending.body.error).toMatchObject({ type: 'operation_pending', operation_id: behind });
     expect((await api.call('GET', `${trainer}/operations/not-an-operation`)).status).toBe(404);
-    let done;
+    let done: Awaited<ReturnType<typeof api.call>>;
     do done = await api.call('GET', `${trainer}/operations/${behind}`);
     while (done.status === 408);
     expect(done.body.status).toBe('done');
@@ -296,7 +296,9 @@ describe('concurrent runs (--batch-runs)', () => {
     expect(engine.graphRuns.mixed - before.mixed).toBeGreaterThan(0);
     // Fewer graph runs than the 8 (a forward_backward and an eval per run) that the runs alone take.
     expect(engine.graphRuns.total - before.total).toBeLessThan(8);
-    together.flat().forEach((loss, i) => expect(Math.abs(loss - alone.flat()[i]!)).toBeLessThan(1e-5 * Math.abs(alone.flat()[i]!)));
+    together.flat().forEach((loss, i) => {
+      expect(Math.abs(loss - alone.flat()[i]!)).toBeLessThan(1e-5 * Math.abs(alone.flat()[i]!));
+    });
   });
 
   it('with --batch-runs off runs each run apart: the same losses to the bit', async () => {
@@ -327,7 +329,7 @@ describe('submit-time validation', () => {
       ['forward', { data: [good], loss_fn: 'cross_entropy', loss_fn_config: { beta: 1 } }, 'loss_fn_config', /takes no loss_fn_config/],
       ['forward', ce([good, wireDatum([1, 151669], [2, 3])]), 'data[1].model_input', /151669 at position 1 is outside/],
       ['forward', ce([wireDatum(Array(65).fill(1), Array(65).fill(1))]), 'data[0].model_input', /max_seq_len is 64/],
-      ['forward', ce([withInput('weights', { data: [1, 2], dtype: 'float32' })]), 'data[0].loss_fn_inputs.weights', new RegExp(`needs one per position`)],
+      ['forward', ce([withInput('weights', { data: [1, 2], dtype: 'float32' })]), 'data[0].loss_fn_inputs.weights', /needs one per position/],
       ['forward', ce([withInput('weights', { data: Array(n).fill(1), dtype: 'int64' })]), 'data[0].loss_fn_inputs.weights.dtype', /dtype 'float32'/],
       [
         'forward',

@@ -124,7 +124,7 @@ describe('never a 500 for client input', () => {
     for (const [template, methods] of Object.entries<any>(doc.paths)) {
       for (const method of Object.keys(methods)) {
         for (const id of junkIds) {
-          const url = template.replace(/\{[^}]+\}/g, id) + '?page_size=-1&limit=abc&scope=%FF';
+          const url = `${template.replace(/\{[^}]+\}/g, id)}?page_size=-1&limit=abc&scope=%FF`;
           for (const body of method === 'get' || method === 'delete' ? [undefined] : junkBodies) {
             const res = await api.send(method.toUpperCase(), url, body);
             requests++;
