@@ -8,27 +8,29 @@ import { failuresOf, runSoak, targetsOf } from './suite.js';
  * (or as JSON with --json); exit status 1 when a target is missed, 2 for a bad flag.
  */
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
-let flags;
-try {
-  flags = parseArgs({
-    options: {
-      seed: { type: 'string', default: 'soak' },
-      cases: { type: 'string', default: '10000' },
-      'raw-cases': { type: 'string', default: '1000' },
-      kills: { type: 'string', default: '20' },
-      waves: { type: 'string', default: '10,25,50' },
-      'proxy-names': { type: 'string', default: '300' },
-      'proxy-aborted': { type: 'string', default: '1100' },
-      'no-machine-cases': { type: 'boolean', default: false },
-      json: { type: 'boolean', default: false },
-    },
-  }).values;
-} catch (e) {
-  console.error(
-    `soak: ${(e as Error).message}\nusage: npm run soak -- [--seed S] [--cases N] [--raw-cases N] [--kills N] [--waves 10,25,50] [--proxy-names N] [--proxy-aborted N] [--no-machine-cases] [--json]`,
-  );
-  process.exit(2);
+function readFlags() {
+  try {
+    return parseArgs({
+      options: {
+        seed: { type: 'string', default: 'soak' },
+        cases: { type: 'string', default: '10000' },
+        'raw-cases': { type: 'string', default: '1000' },
+        kills: { type: 'string', default: '20' },
+        waves: { type: 'string', default: '10,25,50' },
+        'proxy-names': { type: 'string', default: '300' },
+        'proxy-aborted': { type: 'string', default: '1100' },
+        'no-machine-cases': { type: 'boolean', default: false },
+        json: { type: 'boolean', default: false },
+      },
+    }).values;
+  } catch (e) {
+    console.error(
+      `soak: ${(e as Error).message}\nusage: npm run soak -- [--seed S] [--cases N] [--raw-cases N] [--kills N] [--waves 10,25,50] [--proxy-names N] [--proxy-aborted N] [--no-machine-cases] [--json]`,
+    );
+    process.exit(2);
+  }
 }
+const flags = readFlags();
 const whole = (name: string, text: string, min: number): number => {
   const n = Number(text);
   if (!Number.isInteger(n) || n < min) {
