@@ -1,6 +1,5 @@
 import { isIP } from 'node:net';
 import type { IncomingMessage } from 'node:http';
-import { isInterceptedHost } from '../proxy/baseten-hosts.js';
 
 /**
  * Which Host values the server answers: its own names only, so that a page on
@@ -16,8 +15,11 @@ import { isInterceptedHost } from '../proxy/baseten-hosts.js';
 export interface HostNames {
   /** Names beyond the built-in ones, without ports. */
   extra?: readonly string[];
-  /** Proxy mode: the intercepted hosts are this server's names too. */
-  proxy?: boolean;
+  /**
+   * Hosts whose requests reach the app through what stands in front of it (proxy mode's
+   * interception: Baseten's and the Hub's hosts), with how to name them in the 403.
+   */
+  intercepted?: { has(host: string): boolean; description: string };
 }
 
 /** A host name as compared here: lower case, no port, no IPv6 brackets, no trailing dot. */
@@ -57,18 +59,13 @@ export class HostCheck {
     if (isIP(host) !== 0) return true;
     if (host === 'localhost' || host.endsWith('.localhost')) return true;
     if (this.extra.has(host)) return true;
-    return this.names.proxy === true && isInterceptedHost(host);
+    return this.names.intercepted?.has(host) === true;
   }
 
   /** The 403's message for a host that is not allowed. */
   refusal(host: string): string {
     const shown = host.replace(/[^a-z0-9.:_-]/g, '?').slice(0, 100);
-    const own = [
-      'localhost',
-      'IP addresses',
-      ...(this.names.proxy ? ["Baseten's and the Hub's hosts (proxy mode)"] : []),
-      ...[...this.extra].map((n) => `'${n}'`),
-    ];
+    const own = ['localhost', 'IP addresses', ...(this.names.intercepted ? [this.names.intercepted.description] : []), ...[...this.extra].map((n) => `'${n}'`)];
     return (
       `Host '${shown}' is not one of this server's names (it answers ${own.join(', ')}), so that a web page on another site cannot reach it through DNS rebinding. ` +
       `If you reach loops-mock by this name (--host 0.0.0.0 and the machine's name, a container's service name), start it with --allowed-host ${shown} (or LOOPS_MOCK_ALLOWED_HOST=${shown}).`

@@ -38,6 +38,8 @@ export interface FrontOfHouse {
   attach(server: Server): void;
   /** The host a request was addressed to when it is not this server (for the journal). */
   foreignHostOf(req: IncomingMessage): string | undefined;
+  /** The hosts whose requests it hands the app: the app's names too (the Host check). */
+  readonly interceptedHosts: { has(host: string): boolean; description: string };
 }
 
 /** Deeper than any Loops body (about six levels): a deeper one is refused before any recursive code meets it. */
@@ -166,7 +168,7 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
   app.decorateRequest('principal', null as never);
 
   // Proxy mode's interception hands the app requests for Baseten's and the Hub's hosts.
-  const hosts = new HostCheck({ extra: options.allowedHosts, proxy: front !== undefined });
+  const hosts = new HostCheck({ extra: options.allowedHosts, intercepted: front?.interceptedHosts });
   let closing = false;
   // Shutting down: new requests get 503, waiting long polls are answered 503 at once.
   app.addHook('preClose', async () => {

@@ -74,6 +74,8 @@ export class ForwardProxy implements FrontOfHouse {
     return this.options.ca.files;
   }
 
+  readonly interceptedHosts = { has: isInterceptedHost, description: "Baseten's and the Hub's hosts (proxy mode)" };
+
   rewriteUrl(req: IncomingMessage): string {
     const url = req.url ?? '/';
     const host = requestHost(url, req.headers.host);

@@ -2,6 +2,7 @@ import { request as httpRequest } from 'node:http';
 import { connect } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { HostCheck } from '../http/allowed-hosts.js';
+import { isInterceptedHost } from '../proxy/baseten-hosts.js';
 import { ConfigError, MockAdmin, parseOptions, type RunningServer, type StartOptions } from '../index.js';
 import { startTestServer } from './helpers.js';
 
@@ -92,7 +93,7 @@ describe("Host: only the server's own names are answered (DNS rebinding)", () =>
 
   it("Baseten's and the Hub's hosts are its names in proxy mode only (the interception's requests carry them)", () => {
     const direct = new HostCheck({ extra: ['127.0.0.1'] });
-    const proxy = new HostCheck({ proxy: true });
+    const proxy = new HostCheck({ intercepted: { has: isInterceptedHost, description: "Baseten's and the Hub's hosts (proxy mode)" } });
     for (const host of ['api.baseten.co', 'model-abc123.api.baseten.co', 'app.baseten.co', 'huggingface.co']) {
       expect([direct.allows(host), proxy.allows(host)], host).toEqual([false, true]);
     }
