@@ -108,3 +108,21 @@ describe('node bin/loops-mock.js', () => {
     ).toEqual([]);
   });
 });
+
+describe('bin/loops-mock.js run as a command (sh reads it first)', () => {
+  it('execs node with nothing on stderr: its second line is valid sh and valid JavaScript', async () => {
+    // A formatter once rewrote `":" //;` as `':'; //;`, which makes sh try to run `//` (a directory).
+    const child = spawn(BIN, ['--version'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout!.on('data', (c) => {
+      out += c;
+    });
+    child.stderr!.on('data', (c) => {
+      err += c;
+    });
+    const code = await new Promise<number | null>((resolve) => child.on('exit', (c) => resolve(c)));
+    expect({ code, err }).toEqual({ code: 0, err: '' });
+    expect(out).toMatch(/^loops-mock \d+\.\d+\.\d+ \(tracks the Baseten Loops API /);
+  });
+});
