@@ -6,7 +6,7 @@ import base from './vitest.config.js';
  * `npm test` runs everything). One file per surface, the shortest that covers it end to end.
  */
 export const QUICK_FILES = [
-  'server/test/control-plane.test.ts', // control plane: sessions, runs, samplers, checkpoints, auth
+  'server/test/control-plane.test.ts', // control plane: sessions, runs, samplers, auth
   'server/test/rl-datums.test.ts', // trainer data plane: datums, losses, steps
   'server/test/stop-limits.test.ts', // sampler data plane: sampling, stop strings
   'server/test/inference.test.ts', // checkpoints deployed to inference (OpenAI-compatible)
