@@ -14,6 +14,7 @@ import { REPO_ROOT } from './helpers.js';
  * stopping on SIGTERM. Only the npm registry is reached, as on this machine.
  */
 const run = promisify(execFile);
+const withoutKey = (env: NodeJS.ProcessEnv, key: string) => Object.fromEntries(Object.entries(env).filter(([k]) => k.toLowerCase() !== key));
 const dir = mkdtempSync(join(tmpdir(), 'package-install-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
@@ -32,7 +33,8 @@ describe('installed as a dependency', () => {
     const { stderr: installLog } = await run('npm', ['install', '--save-dev', tarball, '--no-audit', '--no-fund'], {
       cwd: project,
       maxBuffer: 64 * 1024 * 1024,
-      env: { ...process.env, ONNXRUNTIME_NODE_INSTALL: 'skip' },
+      // A consumer's environment: not the setting this checkout's .npmrc hands the npm that runs the tests.
+      env: { ...withoutKey(process.env, 'npm_config_onnxruntime_node_install'), ONNXRUNTIME_NODE_INSTALL: 'skip' },
     });
     // Nothing npm 11 calls deprecated: no unknown setting in the package or its install.
     expect(installLog).not.toMatch(/Unknown (project|cli|user|env) config/);
