@@ -6,6 +6,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { EnginePool, findBaseModel, supportedModelNames, Tokenizers } from '../models/index.js';
 import { HubRepos } from './core/hub-repos.js';
+import { SqliteUnavailableError } from './core/sqlite.js';
 import { DataDirError } from './core/store.js';
 import { startWithOptions } from './index.js';
 import { defaultCaDir, LocalCa } from './proxy/ca.js';
@@ -220,8 +221,8 @@ main(process.argv.slice(2)).catch((err: unknown) => {
     process.stderr.write(`loops-mock: ${err.message} (see loops-mock --help)\n`);
     process.exit(2);
   }
-  // The data dir's state cannot be used as it is: its one line names the file, the fault and the way out.
-  if (err instanceof DataDirError) {
+  // The data dir's state cannot be used as it is, or this Node has no SQLite: one line naming the fault and the way out.
+  if (err instanceof DataDirError || err instanceof SqliteUnavailableError) {
     process.stderr.write(`loops-mock: ${err.message}\n`);
     process.exit(2);
   }

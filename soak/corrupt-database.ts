@@ -1,4 +1,4 @@
-import Database from 'better-sqlite3';
+import { openDatabase } from '../server/core/sqlite.js';
 import { spawn } from 'node:child_process';
 import { cpSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -62,12 +62,12 @@ const DAMAGES: Record<string, (dataDir: string, state: SavedState) => void> = {
   },
   'table-less': (d) => {
     removeDatabase(d);
-    const db = new Database(join(d, DATABASE));
+    const db = openDatabase(join(d, DATABASE));
     db.exec('CREATE TABLE unrelated (x); DROP TABLE unrelated;');
     db.close();
   },
   'a record that is not JSON': (d, s) => {
-    const db = new Database(join(d, DATABASE));
+    const db = openDatabase(join(d, DATABASE));
     db.prepare("UPDATE records SET data = '{\"id\":' WHERE kind = 'run' AND id = ?").run(s.runId);
     db.close();
   },

@@ -1,4 +1,4 @@
-import Database from 'better-sqlite3';
+import { openDatabase } from '../server/core/sqlite.js';
 import { execFileSync } from 'node:child_process';
 import { createHash, randomUUID } from 'node:crypto';
 import { appendFileSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -227,8 +227,8 @@ export async function runDiskFull(root: string, options: { spells?: number } = {
     client.close();
     server.stop();
     f.finalExit = await server.exited;
-    const db = new Database(join(dataDir, 'loops-mock.sqlite'), { readonly: true });
-    f.integrity = String(db.pragma('integrity_check', { simple: true }));
+    const db = openDatabase(join(dataDir, 'loops-mock.sqlite'), { readonly: true });
+    f.integrity = String((db.prepare('PRAGMA integrity_check').get() as { integrity_check: string }).integrity_check);
     db.close();
 
     // A restart brings every acknowledged checkpoint back, byte for byte.

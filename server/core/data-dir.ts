@@ -1,8 +1,8 @@
-import Database from 'better-sqlite3';
 import { existsSync, mkdirSync, readdirSync, renameSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { MANIFEST_FILE, readManifest, SCRATCH } from './checkpoint-files.js';
 import type { CheckpointRecord } from './records.js';
+import { openDatabase, SqliteUnavailableError, type SqlDatabase } from './sqlite.js';
 import { DataDirError, Store, WAYS_OUT } from './store.js';
 
 const DATABASE_FILES = ['loops-mock.sqlite', 'loops-mock.sqlite-wal', 'loops-mock.sqlite-shm'];
@@ -26,12 +26,13 @@ type DatabaseState = { ok: true } | { ok: false; why: string; unreadable: boolea
 function inspectDatabase(file: string): DatabaseState {
   if (!existsSync(file)) return { ok: false, why: `${file} is missing`, unreadable: false };
   if (statSync(file).size === 0) return { ok: false, why: `${file} is empty (0 bytes)`, unreadable: false };
-  let db: Database.Database | undefined;
+  let db: SqlDatabase | undefined;
   try {
-    db = new Database(file, { fileMustExist: true });
+    db = openDatabase(file, { mustExist: true });
     const table = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'records'").get();
     return table ? { ok: true } : { ok: false, why: `${file} has no records table (not a loops-mock database, or one never written)`, unreadable: false };
   } catch (err) {
+    if (err instanceof SqliteUnavailableError) throw err;
     return { ok: false, why: `${file} cannot be read as a loops-mock database: ${(err as Error).message}`, unreadable: true };
   } finally {
     db?.close();

@@ -1,8 +1,8 @@
-import Database from 'better-sqlite3';
 import { chmodSync, closeSync, mkdirSync, openSync } from 'node:fs';
 import { join } from 'node:path';
 import type { LogLevel, LogRecord } from './records.js';
 import { LOG_LEVELS } from './records.js';
+import { openDatabase, SqliteUnavailableError, type SqlDatabase, type SqlStatement } from './sqlite.js';
 import { asStorageError, BackgroundWriteFailures, StorageError } from './storage-errors.js';
 
 /**
@@ -49,10 +49,10 @@ export interface LogQuery {
  */
 export class Store {
   readonly file: string;
-  private readonly db: Database.Database;
-  private readonly upsert: Database.Statement;
-  private readonly insertLog: Database.Statement;
-  private readonly trimLogs: Database.Statement;
+  private readonly db: SqlDatabase;
+  private readonly upsert: SqlStatement;
+  private readonly insertLog: SqlStatement;
+  private readonly trimLogs: SqlStatement;
   /** Lines written per deployment since its last trim: every LOG_TRIM_EVERY lines its oldest beyond LOGS_PER_DEPLOYMENT go. */
   private readonly sinceTrim = new Map<string, number>();
   private writes = 0;
@@ -77,11 +77,15 @@ export class Store {
       closeSync(openSync(this.file, 'a', 0o600));
       chmodSync(this.file, 0o600);
     }
-    this.db = new Database(this.file);
+    try {
+      this.db = openDatabase(this.file);
+    } catch (err) {
+      throw err instanceof SqliteUnavailableError ? err : unreadableDatabase(this.file, err);
+    }
     try {
       if (dataDir) {
-        this.db.pragma('journal_mode = WAL');
-        this.db.pragma('synchronous = FULL');
+        this.db.exec('PRAGMA journal_mode = WAL');
+        this.db.exec('PRAGMA synchronous = FULL');
       }
       this.db.exec(`
         CREATE TABLE IF NOT EXISTS records (kind TEXT NOT NULL, id TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (kind, id));
@@ -176,7 +180,7 @@ export class Store {
 
   /** Runs `fn` atomically: all of its writes land, or none (a refused commit rolls all of them back). */
   transaction<T>(fn: () => T): T {
-    return this.guard('this change', () => this.db.transaction(fn)());
+    return this.guard('this change', () => this.db.transaction(fn));
   }
 
   /** Inside a `transaction`: a failed write there fails all of it, so callers must not swallow one. */

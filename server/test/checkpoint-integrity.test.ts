@@ -1,4 +1,4 @@
-import Database from 'better-sqlite3';
+import { openDatabase } from '../core/sqlite.js';
 import { randomUUID } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -107,7 +107,7 @@ describe('a damaged checkpoint file', () => {
     await server.close();
     servers.splice(servers.indexOf(server), 1);
     // The record as a loops-mock before checksums wrote it.
-    const db = new Database(join(dataDir, 'loops-mock.sqlite'));
+    const db = openDatabase(join(dataDir, 'loops-mock.sqlite'));
     const old = { ...c, files: c.files.map(({ sha256: _, ...f }) => f) };
     db.prepare("UPDATE records SET data = ? WHERE kind = 'checkpoint' AND id = ?").run(JSON.stringify(old), c.id);
     db.close();

@@ -1,4 +1,4 @@
-import Database from 'better-sqlite3';
+import { openDatabase } from '../core/sqlite.js';
 import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -64,7 +64,7 @@ describe('loops-mock on a data dir it cannot use', () => {
 
   it('a record that is not JSON: one line naming the database and the record', async () => {
     const { dataDir, id } = await dataDirWithCheckpoint();
-    const db = new Database(join(dataDir, 'loops-mock.sqlite'));
+    const db = openDatabase(join(dataDir, 'loops-mock.sqlite'));
     db.prepare("UPDATE records SET data = 'not json' WHERE kind = 'checkpoint' AND id = ?").run(id);
     db.close();
     expectOneLine(await runCli(['--data-dir', dataDir]), `${join(dataDir, 'loops-mock.sqlite')}: the checkpoint record ${id} is not JSON`, '--data-dir-fresh');

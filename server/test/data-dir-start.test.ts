@@ -1,4 +1,4 @@
-import Database from 'better-sqlite3';
+import { openDatabase } from '../core/sqlite.js';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -87,7 +87,7 @@ describe('a missing or unusable database beside checkpoint folders', () => {
       'table-less',
       (d: string) => {
         removeDatabase(d);
-        const db = new Database(join(d, 'loops-mock.sqlite'));
+        const db = openDatabase(join(d, 'loops-mock.sqlite'));
         db.exec('CREATE TABLE other (x)');
         db.close();
       },
@@ -150,7 +150,7 @@ describe('a missing or unusable database beside checkpoint folders', () => {
 
   it('a record that is not JSON is refused with one line naming the database, the record and the ways out', async () => {
     const saved = await savedCheckpoint();
-    const db = new Database(join(saved.dataDir, 'loops-mock.sqlite'));
+    const db = openDatabase(join(saved.dataDir, 'loops-mock.sqlite'));
     db.prepare("UPDATE records SET data = '{broken' WHERE kind = 'run' AND id = ?").run(saved.runId);
     db.close();
     const message = await refusal(saved.dataDir);
