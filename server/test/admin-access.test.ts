@@ -1,27 +1,20 @@
-import { afterEach, describe, expect, it } from 'vitest';
-import type { RunningServer, StartOptions } from '../index.js';
-import { startAdmin } from './admin-helpers.js';
+import { describe, expect, it } from 'vitest';
+import { adminServerPerTest } from './admin-helpers.js';
 import { startTestServer } from './helpers.js';
 
-let server: RunningServer;
-afterEach(() => server?.close());
-
-async function start(options: StartOptions = {}) {
-  const started = await startAdmin(options);
-  server = started.server;
-  return started;
-}
+const servers = adminServerPerTest();
+const start = servers.start;
 
 describe('admin API access', () => {
   it('is absent without --admin, and needs the token when --admin-token is set', async () => {
-    server = await startTestServer();
-    expect((await fetch(`${server.url}/_mock/journal`)).status).toBe(404);
-    await server.close();
+    servers.keep(await startTestServer());
+    expect((await fetch(`${servers.current.url}/_mock/journal`)).status).toBe(404);
+    await servers.current.close();
     const { admin } = await start({ adminToken: 'sesame' });
-    expect((await fetch(`${server.url}/_mock/journal`)).status).toBe(401);
-    expect((await fetch(`${server.url}/_mock/journal`, { headers: { authorization: 'Bearer wrong' } })).status).toBe(401);
+    expect((await fetch(`${servers.current.url}/_mock/journal`)).status).toBe(401);
+    expect((await fetch(`${servers.current.url}/_mock/journal`, { headers: { authorization: 'Bearer wrong' } })).status).toBe(401);
     expect((await admin.journal()).entries.length).toBeGreaterThan(0);
-    const doc = await (await fetch(`${server.url}/openapi.json`)).json();
+    const doc = await (await fetch(`${servers.current.url}/openapi.json`)).json();
     expect(Object.keys(doc.paths)).toContain('/_mock/faults/{fault_id}');
   });
 });
@@ -39,7 +32,7 @@ describe('admin input that once broke the server', () => {
       [{ match: { headers: { 'has space': 'v' } }, action: { type: 'respond', status: 503 } }, 'match.headers.has space', /not an HTTP header name/],
     ];
     for (const [rule, field, message] of bad) {
-      const res = await fetch(`${server.url}/_mock/faults`, {
+      const res = await fetch(`${servers.current.url}/_mock/faults`, {
         method: 'POST',
         headers: { 'content-type': 'application/json' },
         body: typeof rule === 'string' ? rule : JSON.stringify(rule),
@@ -64,7 +57,7 @@ describe('admin input that once broke the server', () => {
             .join(',')}]`,
       ),
     ].join('\n');
-    const res = await fetch(`${server.url}/_mock/scenario`, { method: 'POST', headers: { 'content-type': 'application/yaml' }, body: bomb });
+    const res = await fetch(`${servers.current.url}/_mock/scenario`, { method: 'POST', headers: { 'content-type': 'application/yaml' }, body: bomb });
     expect(res.status).toBe(400);
     expect(((await res.json()) as { error: { message: string } }).error.message).toMatch(/alias/i);
   });
@@ -72,10 +65,10 @@ describe('admin input that once broke the server', () => {
   it('journals and never faults /%5Fmock/... as what it is: the admin API', async () => {
     const { api, admin } = await start();
     await admin.addFault({ action: { type: 'respond', status: 503 } });
-    const encoded = await fetch(`${server.url}/%5Fmock/faults`);
+    const encoded = await fetch(`${servers.current.url}/%5Fmock/faults`);
     expect(encoded.status).toBe(200);
     expect((await api.call('GET', '/v1/loops/capabilities')).status).toBe(503);
-    const entry = server.core.journal.query({}).find((e) => e.path === '/%5Fmock/faults')!;
+    const entry = servers.current.core.journal.query({}).find((e) => e.path === '/%5Fmock/faults')!;
     expect(entry.surface).toBe('admin');
     expect(entry.fault).toBeUndefined();
   });

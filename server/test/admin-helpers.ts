@@ -1,3 +1,4 @@
+import { afterEach } from 'vitest';
 import { MockAdmin, type RunningServer, type StartOptions } from '../index.js';
 import { http, startTestServer, wireDatum } from './helpers.js';
 
@@ -10,6 +11,26 @@ export const KEY = 'admin-test-key';
 export async function startAdmin(options: StartOptions = {}): Promise<{ server: RunningServer; api: Api; admin: MockAdmin }> {
   const server = await startTestServer({ admin: true, ...options });
   return { server, api: http(server.url, KEY), admin: new MockAdmin(server.url, options.adminToken) };
+}
+
+/** Each test's server, closed after it: `start` starts one with --admin; `keep` takes one a test started itself. */
+export function adminServerPerTest() {
+  let current: RunningServer | undefined;
+  afterEach(() => current?.close());
+  return {
+    start: async (options: StartOptions = {}) => {
+      const started = await startAdmin(options);
+      current = started.server;
+      return started;
+    },
+    keep: (server: RunningServer) => {
+      current = server;
+    },
+    get current(): RunningServer {
+      if (!current) throw new Error('no server was started in this test');
+      return current;
+    },
+  };
 }
 
 export type Api = ReturnType<typeof http>;

@@ -1,18 +1,12 @@
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
-import { MockAdminError, type RunningServer, type StartOptions } from '../index.js';
-import { MODEL, KEY, startAdmin, fb, sampleBody, newRun, submitAndPoll } from './admin-helpers.js';
+import { describe, expect, it } from 'vitest';
+import { MockAdminError } from '../index.js';
+import { MODEL, KEY, fb, sampleBody, newRun, submitAndPoll, adminServerPerTest } from './admin-helpers.js';
 
-let server: RunningServer;
-afterEach(() => server?.close());
-
-async function start(options: StartOptions = {}) {
-  const started = await startAdmin(options);
-  server = started.server;
-  return started;
-}
+const servers = adminServerPerTest();
+const start = servers.start;
 
 describe('the request journal', () => {
   it('records every request in arrival order with its surface, ids and the headers that matter, never the key', async () => {
@@ -53,7 +47,7 @@ describe('the request journal', () => {
     expect(page.entries.map((e) => e.seq)).toEqual([submit.seq + 1, submit.seq + 2]);
     expect(page.next_since).toBe(submit.seq + 2);
 
-    const ndjson = await (await fetch(`${server.url}/_mock/journal?format=ndjson&surface=sampler`)).text();
+    const ndjson = await (await fetch(`${servers.current.url}/_mock/journal?format=ndjson&surface=sampler`)).text();
     expect(
       ndjson
         .trim()
@@ -65,7 +59,7 @@ describe('the request journal', () => {
       .split('\n')
       .map((l) => JSON.parse(l));
     expect(fileLines.length).toBeGreaterThanOrEqual(entries.length);
-    expect((await fetch(`${server.url}/_mock/journal?surface=nope`)).status).toBe(400);
+    expect((await fetch(`${servers.current.url}/_mock/journal?surface=nope`)).status).toBe(400);
   });
 
   it('keeps only the newest entries, counting those it let go', async () => {

@@ -1,20 +1,14 @@
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
-import type { MockAdminError, MockAdmin, RunningServer, StartOptions } from '../index.js';
+import { describe, expect, it } from 'vitest';
+import type { MockAdminError, MockAdmin } from '../index.js';
 import { shippedScenarioNames } from '../admin/scenario.js';
-import { startAdmin, type Api, fb, sampleBody, sleep, newRun, submitAndPoll } from './admin-helpers.js';
+import { type Api, fb, sampleBody, sleep, newRun, submitAndPoll, adminServerPerTest } from './admin-helpers.js';
 import { startTestServer } from './helpers.js';
 
-let server: RunningServer;
-afterEach(() => server?.close());
-
-async function start(options: StartOptions = {}) {
-  const started = await startAdmin(options);
-  server = started.server;
-  return started;
-}
+const servers = adminServerPerTest();
+const start = servers.start;
 
 describe('scenarios', () => {
   it('ships the library the issue asks for, and each one loads by name', async () => {
@@ -62,7 +56,7 @@ describe('scenarios', () => {
     expect(await problem('{\n  "settings": {\n    "long_poll_ms": "soon"\n  }\n}')).toMatchObject({ line: 3 });
     expect(await problem('faults: [\n')).toHaveProperty('line');
     await expect(admin.applyScenario({ name: '../package.json' })).rejects.toThrow(/404/);
-    const yamlBody = await fetch(`${server.url}/_mock/scenario`, {
+    const yamlBody = await fetch(`${servers.current.url}/_mock/scenario`, {
       method: 'POST',
       headers: { 'content-type': 'application/yaml' },
       body: 'settings:\n  floor_wait_ms: 5\n',
@@ -80,7 +74,7 @@ describe('scenarios', () => {
     await admin.reset();
     expect((await admin.settings()).floor_wait_ms).toBe(7);
     expect(await admin.faults()).toHaveLength(1);
-    await server.close();
+    await servers.current.close();
     writeFileSync(file, 'settings:\n  floor_wait_ms: -1\n');
     await expect(startTestServer({ admin: true, scenario: file })).rejects.toThrow(/mine\.yaml:2/);
   });
@@ -212,7 +206,7 @@ describe('scenarios', () => {
           throw new Error(`scenario ${name}: ${(err as Error).message}`);
         }
       }
-      await server.close();
+      await servers.current.close();
     }
   }, 120_000);
 });

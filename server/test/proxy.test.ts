@@ -10,7 +10,22 @@ import { LoopsCore } from '../core/core.js';
 import { LocalCa } from '../proxy/ca.js';
 import { ForwardProxy } from '../proxy/forward-proxy.js';
 import { REPO_ROOT, startTestServer } from './helpers.js';
-import { agent, caDir, dir, engines, KEY, keptLeaf, leafShown, proxyEntry, rawConnect, run, server, useProxyServer, viaProxy } from './proxy-helpers.js';
+import {
+  agent,
+  caDir,
+  dir,
+  engines,
+  KEY,
+  keptLeaf,
+  leafShown,
+  plainProxyRequest,
+  proxyEntry,
+  rawConnect,
+  run,
+  server,
+  useProxyServer,
+  viaProxy,
+} from './proxy-helpers.js';
 
 useProxyServer();
 
@@ -123,25 +138,7 @@ describe('proxy mode, as clients see it', () => {
   });
 
   it("answers plain-HTTP proxy requests for Baseten's hosts (absolute-form targets) like HTTPS ones", async () => {
-    const plain = await new Promise<{ status: number; body: string }>((resolve, reject) => {
-      const req = httpRequest(
-        {
-          host: '127.0.0.1',
-          port: Number(new URL(server.url).port),
-          path: 'http://api.baseten.co/v1/loops/capabilities',
-          headers: { host: 'api.baseten.co', authorization: `Bearer ${KEY}` },
-        },
-        (res) => {
-          let text = '';
-          res.on('data', (d: Buffer) => {
-            text += d.toString();
-          });
-          res.on('end', () => resolve({ status: res.statusCode!, body: text }));
-        },
-      );
-      req.on('error', reject);
-      req.end();
-    });
+    const plain = await plainProxyRequest(server.url, 'http://api.baseten.co/v1/loops/capabilities', { authorization: `Bearer ${KEY}` });
     expect(plain.status).toBe(200);
     expect(JSON.parse(plain.body).supported_models.length).toBeGreaterThan(0);
     const entry = server.core.journal.query({ surface: 'control' }).at(-1)!;
