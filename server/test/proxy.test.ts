@@ -1,6 +1,6 @@
 import { X509Certificate } from 'node:crypto';
 import { cpSync, readFileSync, statSync, writeFileSync } from 'node:fs';
-import { createServer, request as httpRequest } from 'node:http';
+import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { connect as tlsConnect } from 'node:tls';
@@ -216,20 +216,7 @@ describe('what the proxy refuses, and why', () => {
     socket.destroy();
     expect(head).toMatch(/^HTTP\/1\.1 403 loops-mock does not proxy example\.com: .*--proxy-passthrough example\.com/);
     expect(JSON.parse(body).error).toMatchObject({ type: 'proxy_refused', host: 'example.com' });
-    const plain = await new Promise<{ status: number; body: string }>((resolve, reject) => {
-      const req = httpRequest(
-        { host: '127.0.0.1', port: Number(new URL(server.url).port), path: 'http://example.org/some/path', headers: { host: 'example.org' } },
-        (res) => {
-          let text = '';
-          res.on('data', (d: Buffer) => {
-            text += d.toString();
-          });
-          res.on('end', () => resolve({ status: res.statusCode!, body: text }));
-        },
-      );
-      req.on('error', reject);
-      req.end();
-    });
+    const plain = await plainProxyRequest(server.url, 'http://example.org/some/path');
     expect(plain.status).toBe(403);
     expect(JSON.parse(plain.body).error.message).toMatch(/does not proxy example\.org.*--proxy-passthrough example\.org/);
     expect((await proxyEntry((e) => e.host === 'example.com')).proxy).toMatchObject({ action: 'refuse', port: 443 });
