@@ -3,7 +3,8 @@
 # The Node binary comes from the npm registry's node-linux-<arch> package (nothing else is downloaded),
 # kept under .cache/; the checkout's node_modules and dist/ are used as they are. On Node 22.13+ and 24
 # the store runs on Node's own SQLite (node:sqlite), so better-sqlite3's addon (built for the Node that
-# installed it) is never loaded.
+# installed it) is never loaded. The package carries node only: npm is the one already on PATH, run
+# by this Node (package-install.test.ts installs the packed tarball with it, no compiler on PATH).
 set -euo pipefail
 version="${1:?usage: scripts/test-on-node.sh VERSION (for example 24.22.3)}"
 cd "$(dirname "$0")/.."
