@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it, vi } from 'vitest';
 import { BASE_MODELS, EnginePool, FAMILY_EOS, FAMILY_VOCAB, Tokenizers } from '../index.js';
 import { Prng } from '../prng.js';
+import { loadTokenDecoder } from '../token-decoder.js';
 
 const require = createRequire(import.meta.url);
 const dir = mkdtempSync(join(tmpdir(), 'loops-mock-tok-'));
@@ -29,6 +30,38 @@ describe('the lean decoder sampling matches stop strings with', () => {
       for (let i = 0; i < 300; i++) cases.push([pick(), full.vocabSize - 1 - Math.floor(rng.next() * 20), pick(), pick()]);
       for (const ids of cases) expect(lean.decode(ids), `${model} ${JSON.stringify(ids)}`).toBe(full.decode(ids));
     }
+  });
+});
+
+describe('the lean decoder reads tokenizer.json straight from its bytes', () => {
+  it('takes escapes, a key written as \\u escapes, ids out of order, braces and quotes inside merges, and parts in any order', () => {
+    const file = join(dir, 'scanned-tokenizer.json');
+    // Byte-level keys: Ġ is the space (U+0120), Ċ the newline (U+010A); "\u0120y" spells Ġy with an escape.
+    const json = `{
+      "model": { "type": "BPE", "merges": ["} {", "\\\" ]", ["a\\\\", "[b"]], "dropout": null,
+        "vocab": { "Ġx": 3, "\\u0120y": 4, "\\"": 0, "\\\\": 1, "hi": 2, "ĊĊ": 5, "\\ud83d\\ude00": 6 } },
+      "normalizer": null, "decoder": { "type": "ByteLevel", "add_prefix_space": false },
+      "added_tokens": [ { "id": 7, "content": "<|end|>", "special": true } ]
+    }`;
+    writeFileSync(file, json);
+    const lean = loadTokenDecoder(file);
+    expect(lean.decode([2, 3])).toBe('hi x');
+    expect(lean.decode([4])).toBe(' y');
+    expect(lean.decode([0, 1])).toBe('"\\');
+    expect(lean.decode([5, 7, 2])).toBe('\n\n<|end|>hi');
+    // A character outside the byte-level alphabet reads as byte 0, as the library reads it.
+    expect(lean.decode([6])).toBe('\u0000');
+    // The same file's parts parsed whole agree on the ids.
+    expect(Object.keys(JSON.parse(json).model.vocab)).toHaveLength(7);
+  });
+
+  it('refuses a file that is cut short, or whose decoder is not ByteLevel, naming the file', () => {
+    const cut = join(dir, 'cut-tokenizer.json');
+    writeFileSync(cut, '{ "decoder": { "type": "ByteLevel" }, "model": { "vocab": { "a": 0, "b"');
+    expect(() => loadTokenDecoder(cut)).toThrow(/cut-tokenizer\.json: not a tokenizer\.json this decoder reads/);
+    const other = join(dir, 'other-tokenizer.json');
+    writeFileSync(other, '{ "decoder": { "type": "Metaspace" }, "model": { "vocab": { "a": 0 } } }');
+    expect(() => loadTokenDecoder(other)).toThrow(/other-tokenizer\.json: its decoder is Metaspace, not ByteLevel/);
   });
 });
 
