@@ -38,7 +38,7 @@ describe('the lean decoder reads tokenizer.json straight from its bytes', () => 
     const file = join(dir, 'scanned-tokenizer.json');
     // Byte-level keys: Ġ is the space (U+0120), Ċ the newline (U+010A); "\u0120y" spells Ġy with an escape.
     const json = `{
-      "model": { "type": "BPE", "merges": ["} {", "\\\" ]", ["a\\\\", "[b"]], "dropout": null,
+      "model": { "type": "BPE", "merges": ["} {", "\\" ]", ["a\\\\", "[b"]], "dropout": null,
         "vocab": { "Ġx": 3, "\\u0120y": 4, "\\"": 0, "\\\\": 1, "hi": 2, "ĊĊ": 5, "\\ud83d\\ude00": 6 } },
       "normalizer": null, "decoder": { "type": "ByteLevel", "add_prefix_space": false },
       "added_tokens": [ { "id": 7, "content": "<|end|>", "special": true } ]
