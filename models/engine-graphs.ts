@@ -56,6 +56,17 @@ export class GraphTurns {
     return turn;
   }
 
+  /** Settles once no turn is queued or running (a turn taken meanwhile is waited for too): the warm-up's cue. */
+  async whenIdle(): Promise<void> {
+    for (;;) {
+      const last = this.queue;
+      await last;
+      // Turns taken by the same tick as the last one finished are in the queue by now.
+      await new Promise((resolve) => setImmediate(resolve));
+      if (last === this.queue) return;
+    }
+  }
+
   /** One adapter's graph run in a turn of its own. */
   run(kind: GraphKind, feeds: Record<string, Feed>, outputs: string[], adapter: LoraAdapter): Promise<Record<string, Float32Array>> {
     // (topk_indices and token come back as BigInt64Arrays; callers that read them say so.)

@@ -1,29 +1,56 @@
-/** An engine's warm-up: each graph of a train-and-sample loop built and run once. */
+/** An engine's warm-up: each graph the guides' flows use built and run once, a client's work always first. */
 import type { Decoding } from './engine-decode.js';
-import { MERGE_FROM_POSITIONS } from './engine-graphs.js';
+import { MERGE_FROM_POSITIONS, type GraphTurns } from './engine-graphs.js';
 import type { Prefill } from './engine-prefill.js';
 import type { Scoring } from './engine-scoring.js';
 import { freshAdapter } from './lora.js';
 import type { LoraSite } from './transformer.js';
 
+/** The parts of an engine its warm-up runs through: the same paths a client's calls take. */
+export interface WarmUpParts {
+  graphs: GraphTurns;
+  scoring: Scoring;
+  prefill: Prefill;
+  decoding: Decoding;
+}
+
 /**
- * Builds the graphs a train-and-sample loop uses and runs each once on a few tokens (a first run sizes
- * onnxruntime's buffers), so that a client's first step costs what its later ones do.
+ * Builds the graphs the guides' flows use, in the order a client first needs them, and runs each once on a few
+ * tokens (a first run sizes onnxruntime's buffers), so that a client's first step costs what its later ones do:
+ * evals and steps short and long (the unembedding apart, then merged), greedy sampling, temperature sampling of one
+ * and of several samples, top_p and top_k draws, and the top-k logprobs. Each step waits until the engine has no
+ * client work queued: a client sent the moment the server listens waits behind one warm-up run at most, and a graph
+ * it needs that warm-up has not reached yet it builds itself.
  */
-export async function warmUp(sites: LoraSite[], scoring: Scoring, prefill: Prefill, decoding: Decoding): Promise<void> {
+export async function warmUp(sites: LoraSite[], parts: WarmUpParts, stopped: () => boolean = () => false): Promise<void> {
+  const { graphs, scoring, prefill, decoding } = parts;
   const adapter = freshAdapter(sites, 4, 8, 'warm-up');
   const seq = { tokens: [1, 2, 3], targets: [2, 3, 4] };
-  // Short batches score through the unembedding and LoRA apart, long ones through their merged weight.
   const long = {
     tokens: Array.from({ length: MERGE_FROM_POSITIONS }, (_, i) => i + 1),
     targets: Array.from({ length: MERGE_FROM_POSITIONS }, (_, i) => i + 2),
   };
-  for (const s of [seq, long]) {
-    await scoring.forward([s], adapter);
-    await scoring.backward([s], adapter, [new Float32Array(s.tokens.length).fill(1)]);
-  }
-  for (const draw of [0.5, -1]) {
-    const start = await prefill.start(seq.tokens, adapter, 1, [draw], null, null);
-    await decoding.step([{ token: 4, cache: start.cache, draw }], adapter, 1, null);
+  const ones = (s: { tokens: number[] }) => [new Float32Array(s.tokens.length).fill(1)];
+  /** A prompt's prefill and one decode step after it, for the draw the arguments give. */
+  const sample = async (draws: number[], cut: { topK: number; topP: number } | null = null, retries: number[] | null = null) => {
+    const start = await prefill.start(seq.tokens, adapter, 1, draws, cut, retries);
+    await decoding.step([{ token: 4, cache: start.cache, draw: draws[0]!, ...(retries ? { retry: retries[0]! } : {}) }], adapter, 1, cut);
+  };
+  const steps: (() => Promise<unknown>)[] = [
+    () => scoring.forward([seq], adapter),
+    () => scoring.backward([seq], adapter, ones(seq)),
+    () => scoring.forward([long], adapter),
+    () => scoring.backward([long], adapter, ones(long)),
+    () => sample([-1]),
+    () => sample([0.5]),
+    () => sample([0.2, 0.4, 0.6, 0.8]),
+    () => sample([0.5], { topK: 0, topP: 0.9 }, [0.5]),
+    () => sample([0.5], { topK: 8, topP: 1 }),
+    () => scoring.topk([seq], adapter, 4),
+  ];
+  for (const step of steps) {
+    await graphs.whenIdle();
+    if (stopped()) return;
+    await step();
   }
 }

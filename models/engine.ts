@@ -52,6 +52,8 @@ export interface EngineOptions {
    * waits on compute; 'inline' on the calling thread (simpler to debug, blocks while computing).
    */
   thread?: 'worker' | 'inline';
+  /** Where the base weights are kept between processes (models/weights-cache.ts); absent or null: made each time. */
+  cacheDir?: string | null;
 }
 
 /**
@@ -111,6 +113,7 @@ export class ModelEngine {
       device: options.device ?? 'cpu',
       threads: options.threads,
       packAfterBatchedRows: options.packAfterBatchedRows,
+      cacheDir: options.cacheDir ?? null,
     };
     // onnxruntime is loaded only where graphs run: in the worker, or here on first use when inline.
     this.runner = options.thread === 'inline' ? new InlineRunner(config) : new WorkerRunner(config);
@@ -132,9 +135,17 @@ export class ModelEngine {
     for (const k of kinds) await this.runner.warm(k);
   }
 
-  /** Builds and runs once each graph a train-and-sample loop uses, so that a client's first step costs what its later ones do. */
-  warmUp(): Promise<void> {
-    return warmUp(this.sites, this.scoring, this.prefill, this.decoding);
+  /**
+   * Builds and runs once each graph the guides' flows use, so that a client's first step costs what its later ones
+   * do; it yields to client work between runs (engine-warm-up.ts). `stopped` ends it at its next step.
+   */
+  warmUp(stopped?: () => boolean): Promise<void> {
+    return warmUp(this.sites, { graphs: this.graphs, scoring: this.scoring, prefill: this.prefill, decoding: this.decoding }, stopped);
+  }
+
+  /** Settles once this engine has no graph run queued or running (warm-up steps wait for it). */
+  whenIdle(): Promise<void> {
+    return this.graphs.whenIdle();
   }
 
   /** Logprob of each target token, per sequence. */

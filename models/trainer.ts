@@ -1,5 +1,5 @@
 import type { ModelEngine, ScoredSequence, TopTokens } from './engine.js';
-import { computeLoss, cotangentsNeedLogprobs, isActive, type LossDatum, type LossName, type Reduction } from './losses.js';
+import { computeLoss, cotangentsNeedLogprobs, isActive, LOSS_NAMES, type LossDatum, type LossName, type Reduction } from './losses.js';
 import { cloneAdapter, DEFAULT_LORA_ALPHA, freshAdapter, parameters, touchAdapter, type LoraAdapter } from './lora.js';
 import { ADAM_DEFAULTS, adamwStep, freshOptimizerState, type AdamParams, type OptimizerState } from './optimizer.js';
 import { adapterFiles, CheckpointLoadError, optimizerFiles, readAdapter, readOptimizer, type CheckpointFile } from './peft.js';
@@ -236,11 +236,12 @@ function toEnginePositions(cotangents: Float32Array, shift: 0 | 1): Float32Array
 }
 
 /**
- * Takes a throwaway trainer through one turn of a training loop (an eval, a step with its AdamW update over
- * every parameter, both kinds of checkpoint files), so that a fresh server's first client does not run this
- * code in V8's interpreter: the first round's eval took ~25 ms more without.
+ * Takes a throwaway trainer through one turn of each loop the guides run (an eval, a step with its AdamW update
+ * over every parameter, both kinds of checkpoint files; the RL guide's datums under every policy loss and a step
+ * on one), so that a fresh server's first client does not run this code in V8's interpreter: the first round's
+ * eval took ~25 ms more without. Between calls it lets the engine's client work go first (ModelEngine.whenIdle).
  */
-export async function warmTrainingLoop(engine: ModelEngine): Promise<void> {
+export async function warmTrainingLoop(engine: ModelEngine, stopped: () => boolean = () => false): Promise<void> {
   const trainer = new LoraTrainer(engine, 16, DEFAULT_LORA_ALPHA, 'warm-up');
   const tokens = [1, 2, 3, 4, 5, 6, 7, 8];
   const datum: TrainingDatum = {
@@ -250,9 +251,27 @@ export async function warmTrainingLoop(engine: ModelEngine): Promise<void> {
     logprobs: null,
     advantages: null,
   };
-  await trainer.forward([datum], 'cross_entropy', {});
-  await trainer.forwardBackward([datum], 'cross_entropy', {});
-  trainer.optimStep(ADAM_DEFAULTS);
-  trainer.stateFiles();
-  trainer.samplerFiles();
+  // The RL guide's datum: no target_tokens, the sampler's logprobs and the advantages at each completion token.
+  const rollout: TrainingDatum = {
+    tokens,
+    targetTokens: null,
+    weights: null,
+    logprobs: Float32Array.from(tokens, (_, i) => (i < 5 ? 0 : -1.5)),
+    advantages: Float32Array.from(tokens, (_, i) => (i < 5 ? 0 : 0.5)),
+  };
+  const steps: (() => unknown)[] = [
+    () => trainer.forward([datum], 'cross_entropy', {}),
+    () => trainer.forwardBackward([datum], 'cross_entropy', {}),
+    () => trainer.optimStep(ADAM_DEFAULTS),
+    () => trainer.stateFiles(),
+    () => trainer.samplerFiles(),
+    ...LOSS_NAMES.filter((l) => l !== 'cross_entropy').map((loss) => () => trainer.forward([rollout], loss, {})),
+    () => trainer.forwardBackward([rollout], 'ppo', {}),
+    () => trainer.optimStep(ADAM_DEFAULTS),
+  ];
+  for (const step of steps) {
+    await engine.whenIdle();
+    if (stopped()) return;
+    await step();
+  }
 }
