@@ -36,6 +36,8 @@ export type AppOptions = Pick<
   engine?: () => 'warming' | 'ready';
   /** Host names answered beyond localhost and IP addresses (server/http/allowed-hosts.ts). */
   allowedHosts?: readonly string[];
+  /** The caller logs the engines' graph builds itself (startServer's warm-up, which begins before the app). */
+  graphBuildsLogged?: boolean;
 };
 
 /** Builds the Fastify app over a core: the shared base (http/), then every front door as an encapsulated plugin. */

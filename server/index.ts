@@ -1,6 +1,6 @@
 import { appendFileSync, chmodSync, writeFileSync } from 'node:fs';
-import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
-import { EnginePool, findBaseModel, probeDevice, Tokenizers, warmTrainingLoop } from '../models/index.js';
+import type { FastifyInstance } from 'fastify';
+import type { EnginePool } from '../models/index.js';
 import { ConfigError, liveSettingsOf, type ServerOptions } from './config.js';
 import { LoopsCore } from './core/core.js';
 import { prepareDataDir, unrecordedNote } from './core/data-dir.js';
@@ -17,6 +17,7 @@ import { ForwardProxy } from './proxy/forward-proxy.js';
 import { watchParent } from './parent-watch.js';
 import { exposureWarnings } from './http/exposure.js';
 import { resolveStartOptions, type StartOptions } from './start-options.js';
+import { prepareEngines, warmEngines, type EnginesWarming } from './engine-warm-up.js';
 
 export { ManualClock, RealClock, type Clock } from './core/clock.js';
 export { LoopsCore, type CoreOptions } from './core/core.js';
@@ -39,6 +40,8 @@ export interface StartExtras {
   clock?: Clock;
   /** Model engines to share between servers (graphs built once); the caller closes them. */
   engines?: EnginePool;
+  /** Engines already warming (the command line starts them before loading the server); the server closes them. */
+  warming?: EnginesWarming;
   /** With --exit-with-parent: called instead of close() when the parent process is gone (the CLI exits). */
   onParentGone?: () => void;
 }
@@ -78,59 +81,6 @@ export interface RunningServer {
   enginesClosed(): Promise<void>;
 }
 
-/**
- * The engine pool, its tokenizer overrides and device checked up front, so a
- * bad --tokenizer or an unusable --device fails the start, not a later request.
- */
-async function prepareEngines(options: ServerOptions): Promise<EnginePool> {
-  const overrides = new Map<string, string>();
-  for (const [model, path] of Object.entries(options.tokenizers)) {
-    if (!findBaseModel(model)) throw new ConfigError(`--tokenizer ${model}=${path}: '${model}' is not a supported base model (see GET /v1/loops/capabilities)`);
-    overrides.set(model, path);
-  }
-  let tokenizers: Tokenizers;
-  try {
-    tokenizers = new Tokenizers(overrides);
-    for (const model of overrides.keys()) tokenizers.get(model);
-  } catch (err) {
-    throw new ConfigError(`${(err as Error).message}`);
-  }
-  try {
-    await probeDevice(options.device);
-  } catch (err) {
-    throw new ConfigError(`--device ${options.device}: ${(err as Error).message}`);
-  }
-  return new EnginePool(tokenizers, { device: options.device, unembeddingRank: options.unembeddingRank, batchRuns: options.batchRuns });
-}
-
-/**
- * Builds and runs each model's graphs once (ModelEngine.warmUp); a failure is logged, never fatal: the first
- * request would build them again. Once `stop.aborted` (the server closing) it stops at the next step.
- */
-async function warmEngines(engines: EnginePool, models: string[], log: FastifyBaseLogger, stop: AbortSignal): Promise<void> {
-  for (const model of models) {
-    const started = performance.now();
-    try {
-      const steps = [
-        () => engines.get(model).warmUp(),
-        () => warmTrainingLoop(engines.get(model)),
-        // Stop strings are matched on decoded text: the decoder is loaded now too, not in a client's first sample.
-        () => {
-          engines.sampleCodec(model).decode([0]);
-        },
-      ];
-      for (const step of steps) {
-        if (stop.aborted) return;
-        await step();
-      }
-      log.info(`${model}: engine warm (--warm) in ${((performance.now() - started) / 1000).toFixed(1)} s`);
-    } catch (err) {
-      if (stop.aborted) return;
-      log.warn(`${model}: warming the engine failed (its first request builds it instead): ${(err as Error).message}`);
-    }
-  }
-}
-
 /** A start on a full data dir serves reads; it says so, with the last refusal (writes resume once there is room). */
 function fullDiskNote(core: LoopsCore): string[] {
   const b = core.store.background;
@@ -149,7 +99,7 @@ export async function startServer(given: StartOptions = {}): Promise<RunningServ
 
 /** Starts a server from options as parseOptions gives them (the command line's way in). */
 export async function startWithOptions(options: ServerOptions, extras: StartExtras = {}): Promise<RunningServer> {
-  const engines = extras.engines ?? (await prepareEngines(options));
+  const engines = extras.warming?.engines ?? extras.engines ?? (await prepareEngines(options));
   if (options.journalFile) {
     try {
       appendFileSync(options.journalFile, '');
@@ -225,9 +175,16 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
     }
     proxy = new ForwardProxy(core, { ca, passthrough: options.proxyPassthrough });
   }
-  let app: FastifyInstance;
   // Set once the background warm-up (--warm) is over, however it ended; /healthz tells it.
   let warm = false;
+  // Begun before the app is built (the command line begins it before even loading this module): the engine's
+  // graphs build on its worker thread meanwhile. Requests that come early queue on the engine behind at most one
+  // warm-up run (models/engine-warm-up.ts).
+  const warming = extras.warming ?? warmEngines(engines, options.warmModels);
+  const warmed = warming.done.finally(() => {
+    warm = true;
+  });
+  let app: FastifyInstance;
   try {
     // The names the server is started under are its own too: a client reaches it by them (server/http/allowed-hosts.ts).
     const allowedHosts = [...options.allowedHost, options.host, ...(options.publicUrl ? [new URL(options.publicUrl).hostname] : [])];
@@ -237,14 +194,18 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
       urls: proxy ? basetenUrls() : directUrls(() => publicUrl),
       front: proxy,
       engine: () => (warm ? 'ready' : 'warming'),
+      graphBuildsLogged: true,
     });
     // The proxy's limits (refused handshakes) are the operator's to see.
     proxy?.onWarning((message) => app.log.warn(message));
     await app.listen({ port: options.port, host: options.host });
   } catch (err) {
     core.close();
+    warming.stop();
+    if (!extras.engines) void warmed.then(() => engines.close());
     throw err;
   }
+  warming.logTo(app.log);
   // Proxy mode or an open admin API on an address other machines reach: said, not refused (a trusted network may want it).
   for (const warning of exposureWarnings({ host: options.host, proxy: options.proxy, admin: options.admin, adminToken: options.adminToken }))
     app.log.warn(warning);
@@ -271,11 +232,6 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
     );
     chmodSync(options.writeEnv, 0o600);
   }
-  // After listening: requests that come meanwhile queue behind the warm-up on the engine, as they would behind any step.
-  const stopWarming = new AbortController();
-  const warming = warmEngines(engines, options.warmModels, app.log, stopWarming.signal).finally(() => {
-    warm = true;
-  });
   compileSchemasSoon();
   let closed: Promise<void> | undefined;
   let enginesClosed: Promise<void> | undefined;
@@ -283,7 +239,7 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
   const close = () =>
     (closed ??= (async () => {
       stopWatching();
-      stopWarming.abort();
+      warming.stop();
       proxy?.close();
       await app.close();
       unlistenLong();
@@ -293,7 +249,7 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
   const closeEngines = () =>
     (enginesClosed ??= (async () => {
       await close();
-      await warming;
+      await warmed;
       if (!extras.engines) await engines.close();
     })());
   if (options.exitWithParent) {

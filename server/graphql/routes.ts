@@ -1,10 +1,9 @@
 import type { FastifyInstance } from 'fastify';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { execute, type GraphQLError, parse, validate, type DocumentNode } from 'graphql';
+import type { DocumentNode, GraphQLError } from 'graphql';
 import Type from 'typebox';
 import type { LoopsCore } from '../core/core.js';
 import { requirePrincipal } from '../http/auth.js';
-import { graphqlSchema, rootValue } from './schema.js';
 
 /** The fields a GraphQL request over HTTP may carry. */
 const REQUEST_FIELDS = new Set(['query', 'variables', 'operationName', 'extensions']);
@@ -19,8 +18,15 @@ const failed = (message: string, code: string) => ({ errors: [{ message, extensi
  */
 export function graphqlRoutes(appIn: FastifyInstance, core: LoopsCore): void {
   const app = appIn.withTypeProvider<TypeBoxTypeProvider>();
-  const schema = graphqlSchema();
-  const root = rootValue(core);
+  // graphql-js (130 files) and the schema are loaded at the first GraphQL request, not at start: only the Python
+  // CLI asks, and a server's ready line came ~70 ms later with them.
+  let loaded: Promise<{ graphql: typeof import('graphql'); schema: import('graphql').GraphQLSchema; root: unknown }> | null = null;
+  const graphqlEngine = () =>
+    (loaded ??= Promise.all([import('graphql'), import('./schema.js')]).then(([graphql, s]) => ({
+      graphql,
+      schema: s.graphqlSchema(),
+      root: s.rootValue(core),
+    })));
   // truss posts to `/graphql/`; the bare form is the same route (hidden from /openapi.json, where it would repeat it).
   for (const url of ['/graphql/', '/graphql']) {
     app.post(
@@ -46,6 +52,8 @@ export function graphqlRoutes(appIn: FastifyInstance, core: LoopsCore): void {
         if (unknown.length) return refuse(`${unknown[0]} is not a field of a GraphQL request; send only ${[...REQUEST_FIELDS].join(', ')}.`);
         if (body.variables !== undefined && body.variables !== null && (typeof body.variables !== 'object' || Array.isArray(body.variables)))
           return refuse('variables must be an object.');
+        const { graphql, schema, root } = await graphqlEngine();
+        const { parse, validate, execute } = graphql;
         let document: DocumentNode;
         try {
           document = parse(body.query);

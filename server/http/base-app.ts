@@ -13,6 +13,7 @@ import { createServerLog, logRequest, type LogFormat } from './server-log.js';
 import { serializerCompiler } from './answer-cache.js';
 import { validatorCompiler } from './validation.js';
 import { addressedHost, HostCheck } from './allowed-hosts.js';
+import { graphBuildLine } from '../engine-warm-up.js';
 
 export interface BaseAppOptions {
   bodyLimit: number;
@@ -26,6 +27,8 @@ export interface BaseAppOptions {
   front?: FrontOfHouse;
   /** Host names answered beyond localhost and IP addresses (allowed-hosts.ts): --allowed-host, the bound --host, --public-url's host. */
   allowedHosts?: readonly string[];
+  /** The caller logs the engines' graph builds itself (startServer's warm-up, which begins before the app exists). */
+  graphBuildsLogged?: boolean;
 }
 
 /** Something that shares the app's HTTP server: sees each raw request first, and may join the server (CONNECT). */
@@ -225,13 +228,7 @@ export function createBaseApp(core: LoopsCore, options: BaseAppOptions): { app: 
   core.onLifecycle((line) => (line.level === 'INFO' ? log.info(line.message) : log.warn(line.message)));
   core.onStorageNotice((level, message) => (level === 'info' ? log.info(message) : log.warn(message)));
   // Engines may outlive this app (shared by a test suite's servers): stop listening when it closes.
-  const unlisten = core.engines.onGraphBuild((e) =>
-    log.info(
-      e.phase === 'start'
-        ? `${e.model}: building the '${e.kind}' graph${e.mixed ? ' for rows of several runs' : ''} (first use; a moment)`
-        : `${e.model}: '${e.kind}' graph${e.mixed ? ' for rows of several runs' : ''} ready (${((e.ms ?? 0) / 1000).toFixed(1)} s with its first run)`,
-    ),
-  );
+  const unlisten = options.graphBuildsLogged ? () => {} : core.engines.onGraphBuild((e) => log.info(graphBuildLine(e)));
   // Shutdown and reset end the server's log lines with the server, not in the middle of a test's output.
   app.addHook('onClose', async () => {
     unlisten();

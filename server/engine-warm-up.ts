@@ -1,0 +1,115 @@
+/** The model engines a server starts with, and their warm-up (--warm), begun before the HTTP side is even loaded. */
+import { EnginePool, findBaseModel, probeDevice, Tokenizers, warmTrainingLoop, type GraphBuildEvent } from '../models/index.js';
+import { defaultCacheDir } from './cache-dir.js';
+import { ConfigError, type ServerOptions } from './config.js';
+
+/** The log line of a graph kind's first build, for a person waiting on it. */
+export function graphBuildLine(e: GraphBuildEvent): string {
+  const rows = e.mixed ? ' for rows of several runs' : '';
+  return e.phase === 'start'
+    ? `${e.model}: building the '${e.kind}' graph${rows} (first use; a moment)`
+    : `${e.model}: '${e.kind}' graph${rows} ready (${((e.ms ?? 0) / 1000).toFixed(1)} s with its first run)`;
+}
+
+/** Where the warm-up's lines go: the server's log once it exists, held until then. */
+interface WarmUpLog {
+  info(message: string): void;
+  warn(message: string): void;
+}
+
+/** Engines being warmed: started by the command line before the server's modules load, or by startWithOptions. */
+export interface EnginesWarming {
+  engines: EnginePool;
+  /** Settles when every model's warm-up is over, however it ended. */
+  done: Promise<void>;
+  /** Stops the warm-up at its next step, and the graph builds' lines (the server closing). */
+  stop(): void;
+  /** From now on the warm-up's lines, and each graph kind's first build, go to `log`; lines said before are handed to it first. */
+  logTo(log: WarmUpLog): void;
+}
+
+/**
+ * The engine pool, its tokenizer overrides and device checked up front, so a
+ * bad --tokenizer or an unusable --device fails the start, not a later request.
+ */
+export async function prepareEngines(
+  options: Pick<ServerOptions, 'tokenizers' | 'device' | 'unembeddingRank' | 'batchRuns' | 'cacheDir'>,
+): Promise<EnginePool> {
+  const overrides = new Map<string, string>();
+  for (const [model, path] of Object.entries(options.tokenizers)) {
+    if (!findBaseModel(model)) throw new ConfigError(`--tokenizer ${model}=${path}: '${model}' is not a supported base model (see GET /v1/loops/capabilities)`);
+    overrides.set(model, path);
+  }
+  let tokenizers: Tokenizers;
+  try {
+    tokenizers = new Tokenizers(overrides);
+    for (const model of overrides.keys()) tokenizers.get(model);
+  } catch (err) {
+    throw new ConfigError(`${(err as Error).message}`);
+  }
+  try {
+    await probeDevice(options.device);
+  } catch (err) {
+    throw new ConfigError(`--device ${options.device}: ${(err as Error).message}`);
+  }
+  return new EnginePool(tokenizers, {
+    device: options.device,
+    unembeddingRank: options.unembeddingRank,
+    batchRuns: options.batchRuns,
+    cacheDir: options.cacheDir === undefined ? defaultCacheDir() : options.cacheDir,
+  });
+}
+
+/**
+ * Starts building and running each model's graphs once (ModelEngine.warmUp), then the trainer's code and the
+ * stop-string decoder; a failure is logged, never fatal: the first request would build them again. The
+ * engine's graph runs happen on its worker thread, so they go on while this thread loads and starts the server.
+ */
+export function warmEngines(engines: EnginePool, models: string[]): EnginesWarming {
+  const held: [keyof WarmUpLog, string][] = [];
+  let log: WarmUpLog = { info: (m) => held.push(['info', m]), warn: (m) => held.push(['warn', m]) };
+  let stopped = false;
+  // Told from the start: the first builds happen before the server's log exists.
+  const unlisten = engines.onGraphBuild((e) => log.info(graphBuildLine(e)));
+  const done = (async () => {
+    for (const model of models) {
+      const started = performance.now();
+      try {
+        const isStopped = () => stopped;
+        const steps = [
+          () => engines.get(model).warmUp(isStopped),
+          // Stop strings are matched on decoded text: the decoder is loaded now too, not in a client's first sample.
+          () => {
+            engines.sampleCodec(model).decode([0]);
+          },
+          () => warmTrainingLoop(engines.get(model), isStopped),
+        ];
+        for (const step of steps) {
+          if (stopped) return;
+          await step();
+        }
+        log.info(`${model}: engine warm (--warm) in ${((performance.now() - started) / 1000).toFixed(1)} s`);
+      } catch (err) {
+        if (stopped) return;
+        log.warn(`${model}: warming the engine failed (its first request builds it instead): ${(err as Error).message}`);
+      }
+    }
+  })();
+  return {
+    engines,
+    done,
+    stop: () => {
+      stopped = true;
+      unlisten();
+    },
+    logTo(next) {
+      log = next;
+      for (const [level, message] of held.splice(0)) next[level](message);
+    },
+  };
+}
+
+/** The engines for `options`, their warm-up begun. */
+export async function startEngines(options: ServerOptions): Promise<EnginesWarming> {
+  return warmEngines(await prepareEngines(options), options.warmModels);
+}
