@@ -24,6 +24,9 @@ if (settled || process.env[LAUNCHED] === '1') {
     process.channel?.unref();
     process.on('disconnect', () => process.kill(process.pid, 'SIGTERM'));
   }
+  // Before the server's modules load: on Node 22.1+ a later start reads their compiled code (server/cache-dir.ts).
+  const { enableNodeCompileCache } = await import('../dist/server/cache-dir.js');
+  enableNodeCompileCache(process.argv.slice(2));
   await import('../dist/server/cli.js');
 } else {
   const child = spawn(process.execPath, ['--expose-gc', ...process.execArgv, fileURLToPath(import.meta.url), ...process.argv.slice(2)], {

@@ -14,6 +14,8 @@ export interface RunnerConfig {
   device: 'cpu' | 'cuda';
   threads?: number;
   packAfterBatchedRows?: number;
+  /** Where the base weights are kept between processes (models/weights-cache.ts); null or absent: made each time. */
+  cacheDir?: string | null;
 }
 
 export interface RunRequest {

@@ -78,6 +78,8 @@ interface StartupOptions {
   proxy: boolean;
   /** The local CA of proxy mode; default: a per-user folder (server/proxy/ca.ts defaultCaDir). */
   caDir?: string;
+  /** What is kept between processes (server/cache-dir.ts); undefined: the per-user default, null: nothing. */
+  cacheDir?: string | null;
   /** Hosts proxy mode tunnels untouched instead of refusing them. */
   proxyPassthrough: string[];
   /** Also write the printed client variables to this file (KEY=value lines). */
@@ -371,6 +373,13 @@ const ENGINE_AND_ADMIN_ROWS: StartupRowSpecs<Exclude<StartupKey, keyof typeof LI
     switch: true,
     help: 'also act as an HTTPS forward proxy: intercept api.baseten.co, *.api.baseten.co, app.baseten.co and huggingface.co with the local CA, refuse other hosts; prints HTTPS_PROXY and the CA variables instead of LOOPS_BASE_URL',
     parse: (v) => truth('proxy', v),
+  },
+  cacheDir: {
+    flag: 'cache-dir',
+    default: undefined,
+    shown: '~/.cache/loops-mock',
+    help: "DIR: what a later server process reuses (the engines' base weights; on Node 22.1+ the compiled modules), so that its first requests cost what a warm one's do; none: keep nothing; $XDG_CACHE_HOME moves the default",
+    parse: (v) => (v === 'none' ? null : notEmpty('cache-dir')(v)),
   },
   caDir: {
     flag: 'ca-dir',

@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -125,4 +125,42 @@ describe('bin/loops-mock.js run as a command (sh reads it first)', () => {
     expect({ code, err }).toEqual({ code: 0, err: '' });
     expect(out).toMatch(/^loops-mock \d+\.\d+\.\d+ \(tracks the Baseten Loops API /);
   });
+});
+
+describe('what a server keeps for the next one (--cache-dir, LOOPS_MOCK_CACHE_DIR)', () => {
+  /** The files under `dir`, as paths relative to it. */
+  const filesUnder = (dir: string): string[] =>
+    existsSync(dir)
+      ? readdirSync(dir, { recursive: true, withFileTypes: true })
+          .filter((e) => e.isFile())
+          .map((e) => join(e.parentPath, e.name).slice(dir.length + 1))
+      : [];
+  const warmedUp = async (url: string) => {
+    for (;;) {
+      const health = (await (await fetch(`${url}/healthz`)).json()) as { engine: string };
+      if (health.engine === 'ready') return;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  };
+
+  it("keeps the engines' base weights there, and on Node 22.1+ the compiled modules; none keeps nothing", async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'loops-mock-cache-'));
+    const kept = await launch(['--warm', 'Qwen/Qwen3.5-2B'], { LOOPS_MOCK_CACHE_DIR: dir });
+    await warmedUp(kept.url);
+    kept.process.kill('SIGTERM');
+    expect((await kept.exited).code).toBe(0);
+    const files = filesUnder(dir);
+    expect(files.filter((f) => f.startsWith('base-weights/') && f.endsWith('.bin'))).toHaveLength(1);
+    // Node's own compile cache exists from 22.1 on (module.enableCompileCache); on 20 nothing is kept for it.
+    const hasCompileCache = typeof ((await import('node:module')).default as { enableCompileCache?: unknown }).enableCompileCache === 'function';
+    expect(files.some((f) => f.startsWith('node-compile/'))).toBe(hasCompileCache);
+
+    // The flag beats the variable; none keeps nothing at all.
+    const empty = mkdtempSync(join(tmpdir(), 'loops-mock-cache-none-'));
+    const none = await launch(['--warm', 'Qwen/Qwen3.5-2B', '--cache-dir', 'none'], { LOOPS_MOCK_CACHE_DIR: empty });
+    await warmedUp(none.url);
+    none.process.kill('SIGTERM');
+    expect((await none.exited).code).toBe(0);
+    expect(filesUnder(empty)).toEqual([]);
+  }, 60_000);
 });

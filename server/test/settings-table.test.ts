@@ -115,6 +115,7 @@ describe('the settings table', () => {
       'body-limit',
       'body-timeout-ms',
       'ca-dir',
+      'cache-dir',
       'clock',
       'data-dir',
       'data-dir-fresh',
