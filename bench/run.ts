@@ -2,6 +2,7 @@ import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { benchControlPlane } from './control-plane.js';
 import { benchEngine } from './engine.js';
+import { benchFirstRound } from './first-round.js';
 import { benchFootprint } from './footprint.js';
 import { benchInference } from './inference.js';
 import { benchMemory } from './memory.js';
@@ -20,6 +21,7 @@ const PARTS: Record<string, () => Promise<void>> = {
   'control-plane': () => benchControlPlane(root),
   proxy: () => benchProxy(root),
   trainer: () => benchTrainer(root),
+  'first-round': () => benchFirstRound(root),
   sampler: () => benchSampler(root),
   inference: () => benchInference(root),
   engine: () => benchEngine(),

@@ -27,12 +27,12 @@ export interface ServerProcess {
 }
 
 /** Starts the built command (dist/) as its own process on a free port and waits for its first 200. */
-export async function startServerProcess(root: string, args: string[] = []): Promise<ServerProcess> {
+export async function startServerProcess(root: string, args: string[] = [], env: Record<string, string> = {}): Promise<ServerProcess> {
   const port = await freePort();
   const base = `http://127.0.0.1:${port}`;
   const started = performance.now();
   // As the loops-mock command (npm's link, npm start) runs: the runtime settings its launcher makes count here.
-  const child = spawn(join(root, 'bin', 'loops-mock.js'), ['--port', String(port), ...args], { stdio: 'ignore' });
+  const child = spawn(join(root, 'bin', 'loops-mock.js'), ['--port', String(port), ...args], { stdio: 'ignore', env: { ...process.env, ...env } });
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
   for (;;) {
     try {
@@ -49,6 +49,29 @@ export async function startServerProcess(root: string, args: string[] = []): Pro
     await new Promise((r) => setTimeout(r, 2));
   }
   return { base, startupMs: performance.now() - started, pid: child.pid!, stop: () => child.kill('SIGTERM'), exited };
+}
+
+/**
+ * Starts the built command as a CI job does and hands it over the moment its ready line (`LOOPS_BASE_URL=`)
+ * is printed: `startupMs` is spawn to that line. `env` adds to (or, with undefined, removes from) the environment.
+ */
+export async function startAtReadyLine(root: string, args: string[] = [], env: Record<string, string | undefined> = {}): Promise<ServerProcess> {
+  const port = await freePort();
+  const started = performance.now();
+  const merged = { ...process.env, ...env };
+  for (const [k, v] of Object.entries(env)) if (v === undefined) delete merged[k];
+  const child = spawn(join(root, 'bin', 'loops-mock.js'), ['--port', String(port), ...args], { stdio: ['ignore', 'pipe', 'ignore'], env: merged });
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  let printed = '';
+  const readyMs = await new Promise<number>((resolve, reject) => {
+    child.stdout!.on('data', (d: Buffer) => {
+      printed += d.toString();
+      if (printed.includes('LOOPS_BASE_URL=')) resolve(performance.now() - started);
+    });
+    void exited.then((code) => reject(new Error(`server exited with status ${code} before its ready line (args: ${args.join(' ')})`)));
+  });
+  child.stdout!.resume();
+  return { base: `http://127.0.0.1:${port}`, startupMs: readyMs, pid: child.pid!, stop: () => child.kill('SIGTERM'), exited };
 }
 
 /** A lean keep-alive HTTP client: figures should be the server's, not fetch's (about 1 ms a request on its own). */
