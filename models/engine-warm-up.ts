@@ -17,7 +17,7 @@ export interface WarmUpParts {
 /**
  * Builds the graphs the guides' flows use, in the order a client first needs them, and runs each once on a few
  * tokens (a first run sizes onnxruntime's buffers), so that a client's first step costs what its later ones do:
- * evals and steps short and long (the unembedding apart, then merged), greedy sampling, temperature sampling of one
+ * evals and steps long (the merged unembedding) then short (apart), greedy sampling, temperature sampling of one
  * and of several samples, top_p and top_k draws, and the top-k logprobs. Each step waits until the engine has no
  * client work queued: a client sent the moment the server listens waits behind one warm-up run at most, and a graph
  * it needs that warm-up has not reached yet it builds itself.
@@ -37,11 +37,12 @@ export async function warmUp(sites: LoraSite[], parts: WarmUpParts, stopped: () 
     await decoding.step([{ token: 4, cache: start.cache, draw: draws[0]!, ...(retries ? { retry: retries[0]! } : {}) }], adapter, 1, cut);
   };
   const steps: (() => Promise<unknown>)[] = [
-    () => scoring.forward([seq], adapter),
-    () => scoring.backward([seq], adapter, ones(seq)),
+    // A guide's evals and steps are batches: many scored positions, the merged unembedding; one datum alone is short.
     () => scoring.forward([long], adapter),
     () => scoring.backward([long], adapter, ones(long)),
     () => sample([-1]),
+    () => scoring.forward([seq], adapter),
+    () => scoring.backward([seq], adapter, ones(seq)),
     () => sample([0.5]),
     () => sample([0.2, 0.4, 0.6, 0.8]),
     () => sample([0.5], { topK: 0, topP: 0.9 }, [0.5]),

@@ -93,9 +93,13 @@ function loadBetterSqlite(): BetterSqlite {
     betterSqlite = createRequire(import.meta.url)('better-sqlite3') as BetterSqlite;
     return betterSqlite;
   } catch (err) {
+    // The command prefixes "loops-mock: " itself. Where Node has its own, only LOOPS_MOCK_SQLITE=better-sqlite3 brings us here.
+    const why = nodeSqlite()
+      ? `LOOPS_MOCK_SQLITE=better-sqlite3 asks for better-sqlite3 on Node ${process.versions.node}`
+      : `Node ${process.versions.node} has none built in`;
     throw new SqliteUnavailableError(
-      `loops-mock needs SQLite: Node ${process.versions.node} has none built in, and better-sqlite3 could not be loaded (${(err as Error).message.split('\n')[0]}). ` +
-        'Run it on Node 22.13 or later (node:sqlite is built in), or install better-sqlite3 for this Node (npm rebuild better-sqlite3; it needs a C/C++ toolchain).',
+      `the store needs SQLite: ${why}, and better-sqlite3 could not be loaded (${(err as Error).message.split('\n')[0]}). ` +
+        'Run it on Node 22.13 or later (node:sqlite is built in), or install a C/C++ toolchain (g++, make, python3) and run npm install again, which builds better-sqlite3 for this Node.',
     );
   }
 }
