@@ -9,7 +9,7 @@ import { HubRepos } from './core/hub-repos.js';
 import { SqliteUnavailableError } from './core/sqlite.js';
 import { DataDirError } from './core/store.js';
 import { flushNodeCompileCache } from './cache-dir.js';
-import { startEngines } from './engine-warm-up.js';
+import { startEngines, type EnginesWarming } from './engine-warm-up.js';
 import { defaultCaDir, LocalCa } from './proxy/ca.js';
 import { asksForHelp, parseFlags, type FlagDefinition } from './parse-flags.js';
 import { startRecorder } from './record/recorder.js';
@@ -154,6 +154,25 @@ function logMemorySettings(log: { info(message: string): void; warn(message: str
   );
 }
 
+/** The engines warming from before the server started: a start that fails stops them before exiting. */
+let earlyWarming: EnginesWarming | undefined;
+
+/**
+ * Stops the warm-up and the engines' worker threads: exiting while onnxruntime runs a graph on one hangs or aborts
+ * the process, so a refused start (a bad flag, a taken port, a damaged data dir) waits for the run in flight.
+ * Bounded: a worker that does not stop within 10 s is left to the exit.
+ */
+async function stopEarlyEngines(): Promise<void> {
+  const warming = earlyWarming;
+  if (!warming) return;
+  warming.stop();
+  const stopped = (async () => {
+    await warming.done;
+    await warming.engines.close();
+  })();
+  await Promise.race([stopped, new Promise((resolve) => setTimeout(resolve, 10_000).unref())]);
+}
+
 /** `loops-mock [serve] [flags]`: starts the server and prints the variables a Loops client needs. */
 async function main(argv: string[]): Promise<void> {
   if (argv[0] === 'record') return record(argv.slice(1));
@@ -174,6 +193,7 @@ async function main(argv: string[]): Promise<void> {
   // The engines' warm-up begins before the server's modules load (a third of a second on two cores): the
   // graphs build on the engine's worker thread meanwhile, so that a client sent at the ready line finds them.
   const warming = await startEngines(options);
+  earlyWarming = warming;
   const { startWithOptions } = await import('./index.js');
   // --write-env is written by the server once it listens (server/index.ts), as startServer({ writeEnv }) does.
   let stopping = false;
@@ -223,7 +243,8 @@ async function main(argv: string[]): Promise<void> {
   }
 }
 
-main(process.argv.slice(2)).catch((err: unknown) => {
+main(process.argv.slice(2)).catch(async (err: unknown) => {
+  await stopEarlyEngines().catch(() => undefined);
   if (err instanceof ConfigError) {
     process.stderr.write(`loops-mock: ${err.message} (see loops-mock --help)\n`);
     process.exit(2);
