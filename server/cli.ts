@@ -154,6 +154,12 @@ function logMemorySettings(log: { info(message: string): void; warn(message: str
   );
 }
 
+/**
+ * How long after the process started the ready line may wait for the default model's warm-up (about 0.3 s after the
+ * server listens on two idle cores): past it, the line is printed and the warm-up goes on behind the first requests.
+ */
+const WARM_BY_MS = 2000;
+
 /** The engines warming from before the server started: a start that fails stops them before exiting. */
 let earlyWarming: EnginesWarming | undefined;
 
@@ -197,7 +203,17 @@ async function main(argv: string[]): Promise<void> {
   const { startWithOptions } = await import('./index.js');
   // --write-env is written by the server once it listens (server/index.ts), as startServer({ writeEnv }) does.
   let stopping = false;
-  const server = await startWithOptions(options, { warming, onParentGone: () => stop('its parent process gone') });
+  // The server listens before its ready line (which waits for the warm-up): a signal meanwhile stops it gracefully
+  // once started, rather than ending the process outright.
+  let early: string | undefined;
+  const stopEarly = (signal: string) => {
+    early ??= signal;
+  };
+  process.on('SIGTERM', stopEarly);
+  process.on('SIGINT', stopEarly);
+  const server = await startWithOptions(options, { warming, warmBy: WARM_BY_MS, onParentGone: () => stop('its parent process gone') });
+  process.off('SIGTERM', stopEarly);
+  process.off('SIGINT', stopEarly);
   logMemorySettings(server.app.log);
   const lines = Object.entries(server.env).map(([k, v]) => `${k}=${v}`);
   const notes = [`# loops-mock ${VERSION} listening on ${server.url}${options.dataDir ? `, state in ${options.dataDir}` : ', state in memory'}`];
@@ -222,6 +238,7 @@ async function main(argv: string[]): Promise<void> {
   // Handlers first: a client that reads the variables and stops the server at once gets a graceful stop.
   process.on('SIGTERM', () => stop('SIGTERM'));
   process.on('SIGINT', () => stop('SIGINT'));
+  if (early) stop(early);
   process.stdout.write(`${lines.join('\n')}\n${notes.join('\n')}\n`);
   // After the ready line: what the client waits for comes first.
   setImmediate(flushNodeCompileCache);

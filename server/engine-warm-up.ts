@@ -22,6 +22,8 @@ export interface EnginesWarming {
   engines: EnginePool;
   /** Settles when every model's warm-up is over, however it ended. */
   done: Promise<void>;
+  /** Settles when the first model's warm-up is over (the default model's, as the command line starts it), or at once with none. */
+  firstDone: Promise<void>;
   /** Stops the warm-up at its next step, and the graph builds' lines (the server closing). */
   stop(): void;
   /** From now on the warm-up's lines, and each graph kind's first build, go to `log`; lines said before are handed to it first. */
@@ -71,39 +73,55 @@ export function warmEngines(engines: EnginePool, models: string[]): EnginesWarmi
   let stopped = false;
   // Told from the start: the first builds happen before the server's log exists.
   const unlisten = engines.onGraphBuild((e) => log.info(graphBuildLine(e)));
+  let firstOver = () => {};
+  const firstDone = new Promise<void>((resolve) => {
+    firstOver = resolve;
+  });
+  // This thread's part of the warm-up waits until the server listens (logTo): until then it loads the server.
+  let listening = () => {};
+  const listened = new Promise<void>((resolve) => {
+    listening = resolve;
+  });
   const done = (async () => {
     for (const model of models) {
       const started = performance.now();
       try {
         const isStopped = () => stopped;
-        const steps = [
-          () => engines.get(model).warmUp(isStopped),
-          // Stop strings are matched on decoded text: the decoder is loaded now too, not in a client's first sample.
-          () => {
-            engines.sampleCodec(model).decode([0]);
-          },
-          () => warmTrainingLoop(engines.get(model), isStopped),
-        ];
-        for (const step of steps) {
-          if (stopped) return;
-          await step();
-        }
+        const engine = engines.get(model);
+        // The graphs build and run on the engine's worker while this thread loads the decoder and runs the
+        // trainer's code (its graph runs take turns with the graphs' warm-up).
+        await Promise.all([
+          engine.warmUp(isStopped),
+          (async () => {
+            await listened;
+            // Stop strings are matched on decoded text: the decoder is loaded now too, not in a client's first sample.
+            if (!stopped) engines.sampleCodec(model).decode([0]);
+            await warmTrainingLoop(engine, isStopped);
+          })(),
+        ]);
+        if (stopped) return;
         log.info(`${model}: engine warm (--warm) in ${((performance.now() - started) / 1000).toFixed(1)} s`);
       } catch (err) {
         if (stopped) return;
         log.warn(`${model}: warming the engine failed (its first request builds it instead): ${(err as Error).message}`);
+      } finally {
+        firstOver();
       }
     }
-  })();
+  })().finally(firstOver);
   return {
     engines,
     done,
+    firstDone,
     stop: () => {
       stopped = true;
+      // A start that fails never listens: this thread's part must still end, or `done` would never settle.
+      listening();
       unlisten();
     },
     logTo(next) {
       log = next;
+      listening();
       for (const [level, message] of held.splice(0)) next[level](message);
     },
   };

@@ -44,6 +44,11 @@ export interface StartExtras {
   warming?: EnginesWarming;
   /** With --exit-with-parent: called instead of close() when the parent process is gone (the CLI exits). */
   onParentGone?: () => void;
+  /**
+   * Resolve (and write --write-env) once the first --warm model is warm, or at this moment (performance.now()) at the
+   * latest: the command line's ready line then means a client's first round costs what a later one does.
+   */
+  warmBy?: number;
 }
 
 export interface RunningServer {
@@ -221,6 +226,13 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
   const env: Record<string, string> = ca
     ? { BASETEN_API_KEY: apiKey, HTTPS_PROXY: url, SSL_CERT_FILE: ca.bundle, REQUESTS_CA_BUNDLE: ca.bundle, NODE_EXTRA_CA_CERTS: ca.cert }
     : { LOOPS_BASE_URL: publicUrl, BASETEN_API_KEY: apiKey, BASETEN_MANAGEMENT_API_URL_OVERRIDE: publicUrl, HF_ENDPOINT: `${publicUrl}/hf` };
+  if (extras.warmBy === undefined) compileSchemasSoon();
+  else {
+    // Waiting on the engine's worker, this thread compiles the routes' schemas, which would otherwise compile in a
+    // client's first requests.
+    compileSchemasSoon(0);
+    await Promise.race([warming.firstDone, new Promise((resolve) => setTimeout(resolve, Math.max(0, extras.warmBy! - performance.now())).unref())]);
+  }
   // Owner-only: it holds BASETEN_API_KEY (the mode applies to a new file; an existing one is narrowed too).
   if (options.writeEnv) {
     writeFileSync(
@@ -232,7 +244,6 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
     );
     chmodSync(options.writeEnv, 0o600);
   }
-  compileSchemasSoon();
   let closed: Promise<void> | undefined;
   let enginesClosed: Promise<void> | undefined;
   let stopWatching = () => {};

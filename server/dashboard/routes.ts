@@ -26,10 +26,17 @@ export interface DashboardOptions {
   models: ModelViews;
 }
 
-/** The page's files: beside this module in the sources, at the same place under the package root when built. */
+/**
+ * The page's files: beside this module in the sources; built (dist/server/dashboard, or the command's bundle in
+ * dist/bundle), at server/dashboard/assets under the package root, the nearest folder above that has them.
+ */
 function assetsDir(): string {
   const here = dirname(fileURLToPath(import.meta.url));
-  const candidates = [join(here, 'assets'), join(here, '..', '..', '..', 'server', 'dashboard', 'assets')];
+  const candidates = [join(here, 'assets')];
+  for (let dir = here, up = 0; up < 4; up++) {
+    dir = dirname(dir);
+    candidates.push(join(dir, 'server', 'dashboard', 'assets'));
+  }
   const found = candidates.find((d) => existsSync(join(d, 'index.html')));
   if (!found) throw new Error(`the dashboard's files are missing (looked in ${candidates.join(', ')})`);
   return found;

@@ -163,4 +163,22 @@ describe('what a server keeps for the next one (--cache-dir, LOOPS_MOCK_CACHE_DI
     expect((await none.exited).code).toBe(0);
     expect(filesUnder(empty)).toEqual([]);
   }, 60_000);
+
+  // Issue 29: a CI client sends its first round the moment the variables are printed; they come once the default
+  // model is warm, so that round costs what a later one does (the figures: npm run bench -- --only first-round).
+  it('prints the variables only once the default model is warm: /healthz says ready at once, and the dashboard is served', async () => {
+    const server = await launch(['--warm', 'Qwen/Qwen3.5-2B']);
+    const health = (await (await fetch(`${server.url}/healthz`)).json()) as { engine: string };
+    expect(health.engine).toBe('ready');
+    const page = await fetch(`${server.url}/_mock/ui`);
+    expect(page.status).toBe(200);
+    expect(await page.text()).toContain('<html');
+    const log = (await server.log()).map((l) => l.msg);
+    const warm = log.findIndex((m) => /Qwen\/Qwen3\.5-2B: engine warm \(--warm\)/.test(m));
+    expect(warm).toBeGreaterThanOrEqual(0);
+    // Said before the CLI's last start-up line, which it writes just before the variables.
+    expect(warm).toBeLessThan(log.findIndex((m) => /^runtime memory settings/.test(m)));
+    server.process.kill('SIGTERM');
+    expect((await server.exited).code).toBe(0);
+  }, 60_000);
 });
