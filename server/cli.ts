@@ -155,8 +155,8 @@ function logMemorySettings(log: { info(message: string): void; warn(message: str
 }
 
 /**
- * How long after the process started the ready line may wait for the default model's warm-up (about 0.3 s after the
- * server listens on two idle cores): past it, the line is printed and the warm-up goes on behind the first requests.
+ * How long after the process started the ready line may wait for the default model's warm-up (about half a second
+ * after the server listens on two idle cores): past it, the line is printed and the warm-up goes on behind the first requests.
  */
 const WARM_BY_MS = 2000;
 
@@ -201,7 +201,7 @@ async function main(argv: string[]): Promise<void> {
   const warming = await startEngines(options);
   earlyWarming = warming;
   const { startWithOptions } = await import('./index.js');
-  // --write-env is written by the server once it listens (server/index.ts), as startServer({ writeEnv }) does.
+  // --write-env is written by the server once it listens and, with warmBy, is warm (server/index.ts).
   let stopping = false;
   // The server listens before its ready line (which waits for the warm-up): a signal meanwhile stops it gracefully
   // once started, rather than ending the process outright.
