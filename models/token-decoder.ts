@@ -1,4 +1,6 @@
+import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
+import { cached, type CacheOutcome, type EntryKind } from './cache-entries.js';
 
 /**
  * Decoding alone, for a byte-level BPE vocabulary (the built-in families'):
@@ -183,8 +185,15 @@ class TokenizerJsonScanner {
   }
 }
 
-export function loadTokenDecoder(tokenizerJson: string): TokenDecoder {
-  const file = readFileSync(tokenizerJson);
+/** What decoding needs: each id's bytes (`bytes` from `offsets[id]` to `offsets[id + 1]`), and the added tokens' text. */
+interface DecoderTable {
+  offsets: Int32Array;
+  bytes: Uint8Array;
+  added: [number, string][];
+}
+
+/** The decoder's table read from a tokenizer.json's bytes. */
+function readDecoderTable(file: Buffer, tokenizerJson: string): DecoderTable {
   const scan = new TokenizerJsonScanner(file);
   let addedTokens: { id: number; content: string }[] = [];
   let decoderType: string | undefined;
@@ -209,7 +218,6 @@ export function loadTokenDecoder(tokenizerJson: string): TokenDecoder {
   if (decoderType !== 'ByteLevel') throw new Error(`${tokenizerJson}: its decoder is ${decoderType ?? 'missing'}, not ByteLevel`);
   if (!vocab) throw new Error(`${tokenizerJson}: it has no model.vocab`);
   const { ids, starts, lengths } = vocab as { ids: number[]; starts: number[]; lengths: number[] };
-  const added = new Map((addedTokens ?? []).map((a) => [a.id, a.content]));
   let size = 0;
   for (const id of ids) size = Math.max(size, id + 1);
   const byId = new Int32Array(size).fill(-1);
@@ -223,6 +231,51 @@ export function loadTokenDecoder(tokenizerJson: string): TokenDecoder {
     const k = byId[id]!;
     if (k >= 0) bytes.set(keyBytes.subarray(starts[k]!, starts[k]! + lengths[k]!), offsets[id]!);
   }
+  return { offsets, bytes, added: (addedTokens ?? []).map((a) => [a.id, a.content]) };
+}
+
+/** Decoder tables kept between processes (cache-entries.ts): the offsets, then the bytes; the added tokens in the header. */
+const DECODER_TABLES: EntryKind<DecoderTable> = {
+  folder: 'token-decoders',
+  magic: 'loops-mock token decoder 1\n',
+  encode: (t) => ({
+    parts: [new Uint8Array(t.offsets.buffer, t.offsets.byteOffset, t.offsets.byteLength), t.bytes],
+    about: { ids: t.offsets.length - 1, added: t.added },
+  }),
+  decode(bytes, about) {
+    const { ids, added } = about as { ids: number; added: [number, string][] };
+    if (!Number.isInteger(ids) || ids < 0 || (ids + 1) * 4 > bytes.byteLength || !Array.isArray(added)) return 'a header that does not fit its bytes';
+    // The offsets copied out (the file's bytes may lie unaligned), the bytes viewed where they lie.
+    const offsets = new Int32Array(ids + 1);
+    new Uint8Array(offsets.buffer).set(bytes.subarray(0, offsets.byteLength));
+    const table = bytes.subarray(offsets.byteLength);
+    for (let i = 0; i < ids; i++) if (offsets[i + 1]! < offsets[i]!) return 'offsets that run backwards';
+    if (offsets[0] !== 0 || offsets[ids] !== table.byteLength) return 'offsets that do not end where its bytes do';
+    return { offsets, bytes: table, added };
+  },
+};
+
+/**
+ * The lean decoder of a tokenizer.json, its table from `cacheDir` where a sound entry for the file's bytes is
+ * kept there (~10 ms, the file read and hashed, against ~0.1-0.15 s of this thread to scan it).
+ */
+export function loadTokenDecoder(tokenizerJson: string, cacheDir: string | null = null): TokenDecoder & { cache: { outcome: CacheOutcome; refused?: string } } {
+  const file = readFileSync(tokenizerJson);
+  // The file's bytes and the code that reads them: a changed file or a changed reader is another entry.
+  const key = createHash('sha256')
+    .update(file)
+    .update(readDecoderTable.toString())
+    .update(TokenizerJsonScanner.toString())
+    .update(byteOfCodePoint.toString())
+    .digest('hex');
+  const { value, ...cache } = cached(DECODER_TABLES, cacheDir, key, () => readDecoderTable(file, tokenizerJson));
+  return { ...tableDecoder(value), cache };
+}
+
+/** Decodes as the library does, from the table. */
+function tableDecoder({ offsets, bytes, added: addedTokens }: DecoderTable): TokenDecoder {
+  const size = offsets.length - 1;
+  const added = new Map(addedTokens);
   const utf8 = new TextDecoder('utf-8', { fatal: false, ignoreBOM: true });
   return {
     decode(ids) {

