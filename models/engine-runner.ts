@@ -9,6 +9,8 @@ import type { GraphKind } from './transformer.js';
 export interface Runner {
   run(req: RunRequest): Promise<Record<string, Feed>>;
   warm(kind: GraphKind): Promise<void>;
+  /** Builds the sessions of `kinds`, the runs asked for meanwhile going in between. */
+  prebuild(kinds: readonly GraphKind[]): Promise<void>;
   close?(): Promise<void>;
 }
 
@@ -25,6 +27,9 @@ export class InlineRunner implements Runner {
   }
   async warm(kind: GraphKind): Promise<void> {
     await (await this.get()).warm(kind);
+  }
+  async prebuild(kinds: readonly GraphKind[]): Promise<void> {
+    await (await this.get()).prebuild(kinds);
   }
 }
 
@@ -61,6 +66,10 @@ export class WorkerRunner implements Runner {
     await this.call({ warm: kind });
   }
 
+  async prebuild(kinds: readonly GraphKind[]): Promise<void> {
+    await this.call({ prebuild: [...kinds] });
+  }
+
   private closing: Promise<void> | null = null;
   private drained: (() => void) | null = null;
 
@@ -82,7 +91,7 @@ export class WorkerRunner implements Runner {
     return this.closing;
   }
 
-  private call(msg: { run?: RunRequest; warm?: GraphKind }): Promise<Record<string, Feed>> {
+  private call(msg: { run?: RunRequest; warm?: GraphKind; prebuild?: GraphKind[] }): Promise<Record<string, Feed>> {
     if (this.closing) return Promise.reject(new Error('The model engine is closed (the server is shutting down).'));
     const worker = this.start();
     const id = this.nextId++;

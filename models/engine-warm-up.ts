@@ -4,7 +4,10 @@ import type { GraphTurns } from './engine-graphs.js';
 import type { Prefill } from './engine-prefill.js';
 import type { Scoring } from './engine-scoring.js';
 import { freshAdapter } from './lora.js';
-import type { LoraSite } from './transformer.js';
+import type { GraphKind, LoraSite } from './transformer.js';
+
+/** The graph kinds the warm-up's steps build, in the order they first run them (a test holds the two together). */
+export const WARM_UP_KINDS: readonly GraphKind[] = ['forward', 'backward', 'greedy', 'draw', 'draw_nucleus', 'draw_top', 'topk'];
 
 /** The parts of an engine its warm-up runs through: the same paths a client's calls take. */
 export interface WarmUpParts {

@@ -5,7 +5,7 @@ import { Prefill, type SequenceStart } from './engine-prefill.js';
 import { InlineRunner, WorkerRunner, type Runner } from './engine-runner.js';
 import { Scoring, type BackwardResult } from './engine-scoring.js';
 import { SamplingStreams } from './engine-streams.js';
-import { warmUp } from './engine-warm-up.js';
+import { WARM_UP_KINDS, warmUp } from './engine-warm-up.js';
 import type { DecodeRow, DecodeState, ScoredSequence, TopTokens } from './feeds.js';
 import { LongSequences } from './long-sequences.js';
 import type { LoraAdapter } from './lora.js';
@@ -139,8 +139,14 @@ export class ModelEngine {
    * Builds and runs once each graph the guides' flows use, so that a client's first step costs what its later ones
    * do; it yields to client work between runs (engine-warm-up.ts). `stopped` ends it at its next step.
    */
-  warmUp(stopped?: () => boolean): Promise<void> {
-    return warmUp(this.sites, { graphs: this.graphs, scoring: this.scoring, prefill: this.prefill, decoding: this.decoding }, stopped);
+  async warmUp(stopped?: () => boolean): Promise<void> {
+    // The sessions are built on the runner's thread meanwhile, not each at its first run (graph-runner.ts, prebuild).
+    const built = this.runner.prebuild(WARM_UP_KINDS).catch(() => undefined);
+    try {
+      await warmUp(this.sites, { graphs: this.graphs, scoring: this.scoring, prefill: this.prefill, decoding: this.decoding }, stopped);
+    } finally {
+      await built;
+    }
   }
 
   /** Settles once this engine has no graph run queued or running (warm-up steps wait for it). */

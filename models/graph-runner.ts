@@ -3,6 +3,7 @@ import * as ort from 'onnxruntime-node';
 import { DeviceUnavailableError } from './device-error.js';
 import { collectorAfterReleases } from './collect-soon.js';
 import { LruMap } from './lru.js';
+import { OptimizedModels } from './optimized-models.js';
 import { ADAPTER_CACHE_SIZE, AdapterNotCachedError, type AdapterRef, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
 import { versionKey } from './lora.js';
 import { SideBySide, type Member } from './side-by-side.js';
@@ -77,7 +78,11 @@ export class GraphRunner {
   /** The layer sites' shapes (a site's rank comes with each adapter's tensors), for mixed-adapter runs. */
   private readonly layerSites: LoraSite[];
 
+  /** Sessions from optimized graphs kept between processes (on CPU: a GPU's sessions optimize for the device). */
+  private readonly optimized: OptimizedModels;
+
   constructor(private readonly config: RunnerConfig) {
+    this.optimized = new OptimizedModels(config.device === 'cpu' ? (config.cacheDir ?? null) : null);
     this.layerSites = layerSites(loraSites(config.dims));
     for (const w of cachedBaseWeights(config.modelName, config.dims, config.cacheDir ?? null).weights)
       this.baseFeeds[`base.${w.name}`] = new ort.Tensor('float32', w.data, w.shape);
@@ -290,6 +295,18 @@ export class GraphRunner {
   }
 
   /**
+   * Builds the sessions of `kinds` one after another, letting the runs asked for meanwhile in between (a
+   * session's build holds this thread for tens of milliseconds): started as the engine starts, the builds
+   * fill this thread's time while the server's thread is still loading and cannot send it the warm-up's runs.
+   */
+  async prebuild(kinds: readonly GraphKind[]): Promise<void> {
+    for (const kind of kinds) {
+      await new Promise((resolve) => setImmediate(resolve));
+      await this.warm(kind);
+    }
+  }
+
+  /**
    * A long sequence's feeds and results (a block of one, or a decode step's copy of long caches: megabytes a
    * step) are garbage soon after: this thread collects shortly after them (after the heavy sessions go),
    * rather than at some later collection an idle engine may not run for minutes.
@@ -324,7 +341,7 @@ export class GraphRunner {
     if (!s) {
       const { onnx } = buildGraph(kind, this.config.dims, { mergedUnembedding: merged, mixedAdapters: mixed });
       const cuda = this.config.device === 'cuda';
-      s = ort.InferenceSession.create(onnx, this.sessionOptions(cuda)).catch((err: unknown) => {
+      s = this.optimized.create(onnx, this.sessionOptions(cuda)).catch((err: unknown) => {
         this.sessions.delete(key);
         throw cuda ? new DeviceUnavailableError(err) : err;
       });

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { prompt, TICKETS } from '../data/support-tickets.js';
+import { WARM_UP_KINDS } from '../engine-warm-up.js';
 import { EnginePool, LoraTrainer, sampleSequences, SAMPLING_DEFAULTS, type GraphBuildEvent, type SamplingParams } from '../index.js';
 
 // Issue 29: a client sent the moment the server listens finds every graph of the guides' flows built, and never
@@ -11,7 +12,11 @@ describe("an engine's warm-up", () => {
     const pool = new EnginePool();
     const engine = pool.get(MODEL);
     try {
+      const warmed: GraphBuildEvent[] = [];
+      engine.onGraphBuild = (e) => warmed.push(e);
       await engine.warmUp();
+      // The sessions built ahead on the worker are the ones the steps run, in the order they run them.
+      expect(warmed.filter((e) => e.phase === 'start').map((e) => e.kind)).toEqual(WARM_UP_KINDS);
       const built: GraphBuildEvent[] = [];
       engine.onGraphBuild = (e) => built.push(e);
       const tok = pool.tokenizers.get(MODEL);
