@@ -8,7 +8,6 @@ import type { GraphKind } from './transformer.js';
 /** Where a ModelEngine's graphs run: on its worker thread, or inline. */
 export interface Runner {
   run(req: RunRequest): Promise<Record<string, Feed>>;
-  warm(kind: GraphKind): Promise<void>;
   /** Builds the sessions of `kinds`, the runs asked for meanwhile going in between. */
   prebuild(kinds: readonly GraphKind[]): Promise<void>;
   close?(): Promise<void>;
@@ -24,9 +23,6 @@ export class InlineRunner implements Runner {
   }
   async run(req: RunRequest): Promise<Record<string, Feed>> {
     return (await this.get()).run(req);
-  }
-  async warm(kind: GraphKind): Promise<void> {
-    await (await this.get()).warm(kind);
   }
   async prebuild(kinds: readonly GraphKind[]): Promise<void> {
     await (await this.get()).prebuild(kinds);
@@ -62,10 +58,6 @@ export class WorkerRunner implements Runner {
     }
   }
 
-  async warm(kind: GraphKind): Promise<void> {
-    await this.call({ warm: kind });
-  }
-
   async prebuild(kinds: readonly GraphKind[]): Promise<void> {
     await this.call({ prebuild: [...kinds] });
   }
@@ -91,7 +83,7 @@ export class WorkerRunner implements Runner {
     return this.closing;
   }
 
-  private call(msg: { run?: RunRequest; warm?: GraphKind; prebuild?: GraphKind[] }): Promise<Record<string, Feed>> {
+  private call(msg: { run?: RunRequest; prebuild?: GraphKind[] }): Promise<Record<string, Feed>> {
     if (this.closing) return Promise.reject(new Error('The model engine is closed (the server is shutting down).'));
     const worker = this.start();
     const id = this.nextId++;

@@ -5,15 +5,10 @@ import type { RunnerConfig, RunRequest } from './runner-protocol.js';
 /** The worker thread of one ModelEngine: builds the base weights and runs graphs off the server's thread. */
 const runner = new GraphRunner(workerData as RunnerConfig);
 
-parentPort!.on('message', async (msg: { id: number; warm?: RunRequest['kind']; prebuild?: RunRequest['kind'][]; run?: RunRequest }) => {
+parentPort!.on('message', async (msg: { id: number; prebuild?: RunRequest['kind'][]; run?: RunRequest }) => {
   try {
     if (msg.prebuild) {
       await runner.prebuild(msg.prebuild);
-      parentPort!.postMessage({ id: msg.id, outputs: {} });
-      return;
-    }
-    if (msg.warm) {
-      await runner.warm(msg.warm);
       parentPort!.postMessage({ id: msg.id, outputs: {} });
       return;
     }

@@ -132,7 +132,7 @@ export class ModelEngine {
 
   /** Loads every session now rather than at first use (a server warming up). */
   async warm(kinds: GraphKind[] = ['forward', 'backward', ...DECODE_KINDS]): Promise<void> {
-    for (const k of kinds) await this.runner.warm(k);
+    await this.runner.prebuild(kinds);
   }
 
   /**

@@ -290,10 +290,6 @@ export class GraphRunner {
     };
   }
 
-  async warm(kind: GraphKind): Promise<void> {
-    await this.session(kind, false, false);
-  }
-
   /**
    * Builds the sessions of `kinds` one after another, letting the runs asked for meanwhile in between (a
    * session's build holds this thread for tens of milliseconds): started as the engine starts, the builds
@@ -302,7 +298,7 @@ export class GraphRunner {
   async prebuild(kinds: readonly GraphKind[]): Promise<void> {
     for (const kind of kinds) {
       await new Promise((resolve) => setImmediate(resolve));
-      await this.warm(kind);
+      await this.session(kind, false, false);
     }
   }
 

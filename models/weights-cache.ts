@@ -7,8 +7,6 @@ import { cached, type CacheOutcome, type EntryKind } from './cache-entries.js';
 import { Prng } from './prng.js';
 import { baseWeightShapes, baseWeights, type BaseWeight, type ModelDims } from './transformer.js';
 
-export type WeightsCacheOutcome = CacheOutcome;
-
 /**
  * The entry's key: the model, its shapes, and the source of the code that makes the weights, so that a change
  * to that code (a new generator, other scales) makes a new entry rather than reading numbers it no longer makes.
@@ -58,7 +56,7 @@ export function cachedBaseWeights(
   modelName: string,
   dims: ModelDims,
   cacheDir: string | null,
-): { weights: BaseWeight[]; outcome: WeightsCacheOutcome; refused?: string } {
+): { weights: BaseWeight[]; outcome: CacheOutcome; refused?: string } {
   const { value, ...rest } = cached(WEIGHTS, cacheDir, entryKey(modelName, dims), () => baseWeights(modelName, dims));
   return { weights: value, ...rest };
 }
