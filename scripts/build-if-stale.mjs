@@ -2,7 +2,7 @@
 // `npm start` builds only when a source is newer than the last build: a built checkout starts at once.
 // `npm run build` passes --always. Either way the build ends the same: the stamp written, the commands executable.
 import { execFileSync } from 'node:child_process';
-import { chmodSync, existsSync, readdirSync, statSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -31,6 +31,8 @@ function newest(path) {
  */
 async function bundleCommand() {
   const { build } = await import('esbuild');
+  // Chunks are named by their content: without this, every build would leave the last one's beside it (and in a pack).
+  rmSync(join(root, 'dist', 'bundle'), { recursive: true, force: true });
   await build({
     entryPoints: { cli: join(root, 'dist', 'server', 'cli.js'), 'engine-worker': join(root, 'dist', 'models', 'engine-worker.js') },
     outdir: join(root, 'dist', 'bundle'),
@@ -55,6 +57,9 @@ if (always || sources > built || !existsSync(join(root, 'dist', 'server', 'cli.j
   if (!always) process.stderr.write('loops-mock: building (sources changed since the last build)...\n');
   execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
   await bundleCommand();
+  // The routes' request validators compiled ahead (server/http/route-validators.ts), from the compiled modules.
+  const { writeRouteValidators } = await import(join(root, 'dist', 'server', 'build-route-validators.js'));
+  await writeRouteValidators(join(root, 'dist', 'route-validators.cjs'));
   writeFileSync(stamp, `${new Date().toISOString()}\n`);
 }
 // `npm start` runs the command through its shebang (bin/loops-mock.js says why), as npm's links do.

@@ -1,50 +1,74 @@
 import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
 import formats from 'ajv-formats';
 import type { FastifySchemaCompiler } from 'fastify';
+import { ajvOptions, loadRouteValidators, validatorKey, type BuiltValidators, type CheckKind } from './route-validators.js';
 
 /**
  * Request validation. Bodies are checked as sent (no type coercion: "16" is
  * not a rank); query strings and path parameters arrive as text, so they are
  * coerced to the declared types first.
  */
-function makeAjv(coerce: boolean): Ajv {
-  // No pass over the generated code to drop unused names: the same checks, and compiling the routes' 138
-  // schemas (before the ready line) takes ~100 ms of the server's thread instead of ~200-250 ms.
-  const ajv = new Ajv({
-    coerceTypes: coerce,
-    useDefaults: false,
-    removeAdditional: false,
-    allErrors: false,
-    verbose: true,
-    strict: false,
-    code: { optimize: false },
-  });
+function makeAjv(kind: CheckKind): Ajv {
+  const ajv = new Ajv(ajvOptions(kind));
   // ajv-formats is CommonJS: its function sits on `default` under NodeNext.
   (formats as unknown as { default: (a: Ajv) => void }).default(ajv);
   return ajv;
 }
 
-const bodyAjv = makeAjv(false);
-const textAjv = makeAjv(true);
+const ajvs: Partial<Record<CheckKind, Ajv>> = {};
+/** ajv itself only for a schema the built file lacks. */
+const ajvFor = (kind: CheckKind): Ajv => (ajvs[kind] ??= makeAjv(kind));
+
+/** The validators compiled when the package was built (route-validators.ts), read at the first schema's compile. */
+let built: BuiltValidators | null = null;
 
 // Plain and team-scoped routes share schema objects: compile each once (start-up time).
 const compiled = { body: new WeakMap<object, ValidateFunction>(), text: new WeakMap<object, ValidateFunction>() };
 
+/** How the schemas compiled so far came: from the built file, or compiled by ajv here. */
+export const validatorSources = { built: 0, compiled: 0 };
+
+/** Every schema handed to the compiler, once each, for the build to compile ahead (server/build-route-validators.ts). */
+export const schemasSeen: { kind: CheckKind; schema: object }[] = [];
+const seen = { body: new WeakSet<object>(), text: new WeakSet<object>() };
+
 /** Schemas handed out but not compiled yet (see compileSchemasSoon). */
 const uncompiled: (() => void)[] = [];
 
+/** How many schemas are handed out but not compiled yet. */
+export function pendingSchemaCount(): number {
+  return uncompiled.length;
+}
+
+/** A schema's validator: the built one for it, or compiled now. */
+function validatorFor(kind: CheckKind, schema: object): ValidateFunction {
+  built ??= loadRouteValidators();
+  const ahead = built.get(kind, validatorKey(kind, schema));
+  if (ahead) {
+    validatorSources.built++;
+    return ahead;
+  }
+  validatorSources.compiled++;
+  return ajvFor(kind).compile(schema);
+}
+
 /**
  * Each schema is compiled at its first use, or in the background once the server listens
- * (compileSchemasSoon), rather than before it listens: compiling every route's schemas took ~100 ms of the
- * start. The returned function carries the compiled one's `errors` after each call, as Fastify reads them.
+ * (compileSchemasSoon), rather than before it listens. The returned function carries the compiled one's
+ * `errors` after each call, as Fastify reads them.
  */
 export const validatorCompiler: FastifySchemaCompiler<unknown> = ({ schema, httpPart }) => {
-  const [ajv, cache] = httpPart === 'body' ? [bodyAjv, compiled.body] : [textAjv, compiled.text];
+  const kind: CheckKind = httpPart === 'body' ? 'body' : 'text';
+  const cache = compiled[kind];
   let fn = cache.get(schema as object);
+  if (!seen[kind].has(schema as object)) {
+    seen[kind].add(schema as object);
+    schemasSeen.push({ kind, schema: schema as object });
+  }
   const compile = (): ValidateFunction => {
     fn ??= cache.get(schema as object);
     if (!fn) {
-      fn = ajv.compile(schema as object);
+      fn = validatorFor(kind, schema as object);
       cache.set(schema as object, fn);
     }
     return fn;
@@ -62,12 +86,14 @@ export const validatorCompiler: FastifySchemaCompiler<unknown> = ({ schema, http
 
 /**
  * Compiles the schemas not compiled yet, from a moment after the server listens (its first answers come
- * first), a few per turn of the event loop, so that requests meanwhile are not held up.
+ * first), a few per turn of the event loop, so that requests meanwhile are not held up. The turns are not
+ * unref'd: an unref'd immediate runs only when something else wakes the loop, so most schemas were left to
+ * compile in a client's first requests (the list is bounded: at most a few dozen turns keep a process up).
  */
 export function compileSchemasSoon(afterMs = 100): void {
   const step = () => {
     for (let n = 0; n < 4 && uncompiled.length; n++) uncompiled.shift()!();
-    if (uncompiled.length) setImmediate(step).unref();
+    if (uncompiled.length) setImmediate(step);
   };
   setTimeout(step, afterMs).unref();
 }
