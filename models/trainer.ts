@@ -1,7 +1,7 @@
 import type { ModelEngine, ScoredSequence, TopTokens } from './engine.js';
 import { computeLoss, cotangentsNeedLogprobs, isActive, LOSS_NAMES, type LossDatum, type LossName, type Reduction } from './losses.js';
 import { cloneAdapter, DEFAULT_LORA_ALPHA, freshAdapter, parameters, touchAdapter, type LoraAdapter } from './lora.js';
-import { ADAM_DEFAULTS, adamwStep, freshOptimizerState, type AdamParams, type OptimizerState } from './optimizer.js';
+import { adamwStep, freshOptimizerState, warmOptimizer, type AdamParams, type OptimizerState } from './optimizer.js';
 import { adapterFiles, CheckpointLoadError, optimizerFiles, readAdapter, readOptimizer, type CheckpointFile } from './peft.js';
 import { alignmentOf, checkTrainingData, IGNORE_TARGET, type TrainingDatum } from './training-data.js';
 
@@ -236,8 +236,8 @@ function toEnginePositions(cotangents: Float32Array, shift: 0 | 1): Float32Array
 }
 
 /**
- * Takes a throwaway trainer through one turn of each loop the guides run (an eval, a step with its AdamW update
- * over every parameter, both kinds of checkpoint files; the RL guide's datums under every policy loss and a step
+ * Takes a throwaway trainer through one turn of each loop the guides run (an eval, a step, the optimizer's
+ * loops (warmOptimizer), both kinds of checkpoint files; the RL guide's datums under every policy loss and a step
  * on one), so that a fresh server's first client does not run this code in V8's interpreter: the first round's
  * eval took ~25 ms more without. Between calls it lets the engine's client work go first (ModelEngine.whenIdle).
  */
@@ -262,12 +262,12 @@ export async function warmTrainingLoop(engine: ModelEngine, stopped: () => boole
   const steps: (() => unknown)[] = [
     () => trainer.forward([datum], 'cross_entropy', {}),
     () => trainer.forwardBackward([datum], 'cross_entropy', {}),
-    () => trainer.optimStep(ADAM_DEFAULTS),
+    // The optimizer's loops on small tensors: a step of this adapter would cost ~25-60 ms of this thread.
+    () => warmOptimizer(),
     () => trainer.stateFiles(),
     () => trainer.samplerFiles(),
     ...LOSS_NAMES.filter((l) => l !== 'cross_entropy').map((loss) => () => trainer.forward([rollout], loss, {})),
     () => trainer.forwardBackward([rollout], 'ppo', {}),
-    () => trainer.optimStep(ADAM_DEFAULTS),
   ];
   for (const step of steps) {
     await engine.whenIdle();
