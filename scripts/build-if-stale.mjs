@@ -34,7 +34,12 @@ async function bundleCommand() {
   // Chunks are named by their content: without this, every build would leave the last one's beside it (and in a pack).
   rmSync(join(root, 'dist', 'bundle'), { recursive: true, force: true });
   await build({
-    entryPoints: { cli: join(root, 'dist', 'server', 'cli.js'), 'engine-worker': join(root, 'dist', 'models', 'engine-worker.js') },
+    entryPoints: {
+      cli: join(root, 'dist', 'server', 'cli.js'),
+      'engine-worker': join(root, 'dist', 'models', 'engine-worker.js'),
+      // The launcher starts the engine's worker before loading the server (models/engine-prestart.ts).
+      'engine-prestart': join(root, 'dist', 'models', 'engine-prestart.js'),
+    },
     outdir: join(root, 'dist', 'bundle'),
     bundle: true,
     // What the server imports only when asked (the GraphQL schema and graphql-js) stays in files of its own,

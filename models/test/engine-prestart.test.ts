@@ -1,0 +1,59 @@
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { engineWorkerFile, engineWorkerWaiting, prestartEngineWorker, takeEngineWorker } from '../engine-prestart.js';
+import { ModelEngine } from '../engine.js';
+import { freshAdapter } from '../lora.js';
+import type { RunnerConfig } from '../runner-protocol.js';
+import { DEFAULT_DIMS } from '../transformer.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'engine-prestart-'));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+const dims = { dModel: 16, heads: 2, ffn: 32, layers: 1 };
+const until = async (done: () => boolean) => {
+  for (let i = 0; i < 200 && !done(); i++) await new Promise((r) => setTimeout(r, 10));
+};
+
+describe("the command line's engine worker, started before its engine", () => {
+  it('is taken by the first engine, which computes with it exactly what an engine with a worker of its own does', async () => {
+    prestartEngineWorker();
+    expect(engineWorkerWaiting()).toBe(true);
+    const early = new ModelEngine('prestart-test', 64, { dims });
+    const own = new ModelEngine('prestart-test', 64, { dims });
+    try {
+      const adapter = freshAdapter(early.sites, 4, 8, 'prestart');
+      const seqs = [{ tokens: [1, 5, 9, 3], targets: [5, 9, 3, 7] }];
+      const first = await early.forward(seqs, adapter);
+      // Taken: the second engine starts its own.
+      expect(engineWorkerWaiting()).toBe(false);
+      const second = await own.forward(seqs, adapter);
+      expect(first).toEqual(second);
+      expect(first[0]!.some((x) => x !== 0)).toBe(true);
+    } finally {
+      await early.close();
+      await own.close();
+    }
+  });
+
+  it('is never handed over once it failed to start: the engine starts its own', async () => {
+    const broken = join(dir, 'broken-worker.mjs');
+    writeFileSync(broken, "throw new Error('this worker cannot start');\n");
+    prestartEngineWorker(broken);
+    await new Promise((r) => setTimeout(r, 300));
+    const config: RunnerConfig = { modelName: 'x', dims: { vocab: 16, ...DEFAULT_DIMS }, device: 'cpu' };
+    expect(takeEngineWorker(broken, config)).toBeNull();
+    // One started for another file is not taken either (and is ended).
+    prestartEngineWorker(broken);
+    expect(takeEngineWorker(engineWorkerFile(), config)).toBeNull();
+    expect(engineWorkerWaiting()).toBe(false);
+  });
+
+  it('is ended when no engine takes it', async () => {
+    prestartEngineWorker(engineWorkerFile(), 50);
+    expect(engineWorkerWaiting()).toBe(true);
+    await until(() => !engineWorkerWaiting());
+    expect(engineWorkerWaiting()).toBe(false);
+  });
+});
