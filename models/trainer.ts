@@ -70,6 +70,28 @@ export class LoraTrainer {
     return { loss: result.loss, logprobs, metrics: result.metrics, ...(scored.top ? { top: this.activeTop(scored.top, lossData, loss) } : {}) };
   }
 
+  /**
+   * `forward` under each of `losses`, with one engine pass for the losses that score the same positions: the
+   * warm-up's way through every loss's code (warmTrainingLoop) without a graph run per loss.
+   */
+  async forwardEach(data: TrainingDatum[], losses: LossName[], config: Record<string, number>): Promise<PassResult[]> {
+    const results: PassResult[] = [];
+    let scoredKey = '';
+    let scored: Float32Array[] = [];
+    for (const loss of losses) {
+      const { seqs, lossData } = this.prepare(data, loss);
+      const key = JSON.stringify(seqs);
+      if (key !== scoredKey) {
+        scored = await this.engine.forward(seqs, this.adapter);
+        scoredKey = key;
+      }
+      const logprobs = this.align(scored, lossData);
+      const result = computeLoss(loss, config, lossData, logprobs);
+      results.push({ loss: result.loss, logprobs, metrics: result.metrics });
+    }
+    return results;
+  }
+
   /** Loss and logprobs (and with `topK` the most likely tokens), and the loss's gradient added to those accumulated since the last optimizer step. */
   async forwardBackward(data: TrainingDatum[], loss: LossName, config: Record<string, number>, options: PassOptions = {}): Promise<PassResult> {
     const { seqs, lossData } = this.prepare(data, loss);
@@ -266,7 +288,12 @@ export async function warmTrainingLoop(engine: ModelEngine, stopped: () => boole
     () => warmOptimizer(),
     () => trainer.stateFiles(),
     () => trainer.samplerFiles(),
-    ...LOSS_NAMES.filter((l) => l !== 'cross_entropy').map((loss) => () => trainer.forward([rollout], loss, {})),
+    () =>
+      trainer.forwardEach(
+        [rollout],
+        LOSS_NAMES.filter((l) => l !== 'cross_entropy'),
+        {},
+      ),
     () => trainer.forwardBackward([rollout], 'ppo', {}),
   ];
   for (const step of steps) {
