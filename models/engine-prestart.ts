@@ -20,10 +20,13 @@ const UNTAKEN_MS = 10_000;
 
 let early: { worker: Worker; file: string; failed: boolean } | null = null;
 
-/** Whether a started worker waits to be taken. */
-export function engineWorkerWaiting(): boolean {
-  return early !== null;
+/** The started worker's state: none started (or it was taken or ended), waiting to be taken, or failed to start. */
+export function prestartedWorker(): 'none' | 'waiting' | 'failed' {
+  return early === null ? 'none' : early.failed ? 'failed' : 'waiting';
 }
+
+/** How many started workers engines took (a test counts the hand-over). */
+export let engineWorkersTaken = 0;
 
 /** Starts a worker that waits for an engine's config; at most one at a time. */
 export function prestartEngineWorker(file = engineWorkerFile(), untakenMs = UNTAKEN_MS): void {
@@ -55,6 +58,13 @@ export function takeEngineWorker(file: string, config: RunnerConfig): Worker | n
     void entry.worker.terminate();
     return null;
   }
-  entry.worker.postMessage({ config });
+  try {
+    entry.worker.postMessage({ config });
+  } catch {
+    // A config that cannot be sent (it could not be cloned): the runner's own worker will say why.
+    void entry.worker.terminate();
+    return null;
+  }
+  engineWorkersTaken++;
   return entry.worker;
 }

@@ -259,8 +259,8 @@ function toEnginePositions(cotangents: Float32Array, shift: 0 | 1): Float32Array
 
 /**
  * Takes a throwaway trainer through one turn of each loop the guides run (an eval, a step, the optimizer's
- * loops (warmOptimizer), both kinds of checkpoint files; the RL guide's datums under every policy loss and a step
- * on one), so that a fresh server's first client does not run this code in V8's interpreter: the first round's
+ * loops (warmOptimizer), both kinds of checkpoint files; the RL guide's datums under every policy loss and a
+ * forward_backward on one), so that a fresh server's first client does not run this code in V8's interpreter: the first round's
  * eval took ~25 ms more without. Between calls it lets the engine's client work go first (ModelEngine.whenIdle).
  */
 export async function warmTrainingLoop(engine: ModelEngine, stopped: () => boolean = () => false): Promise<void> {

@@ -31,16 +31,15 @@ function newest(path) {
  */
 async function bundleCommand() {
   const { build } = await import('esbuild');
-  // Chunks are named by their content: without this, every build would leave the last one's beside it (and in a pack).
-  rmSync(join(root, 'dist', 'bundle'), { recursive: true, force: true });
-  await build({
+  const out = join(root, 'dist', 'bundle');
+  const { metafile } = await build({
     entryPoints: {
       cli: join(root, 'dist', 'server', 'cli.js'),
       'engine-worker': join(root, 'dist', 'models', 'engine-worker.js'),
       // The launcher starts the engine's worker before loading the server (models/engine-prestart.ts).
       'engine-prestart': join(root, 'dist', 'models', 'engine-prestart.js'),
     },
-    outdir: join(root, 'dist', 'bundle'),
+    outdir: out,
     bundle: true,
     // What the server imports only when asked (the GraphQL schema and graphql-js) stays in files of its own,
     // loaded then; every file lands in dist/bundle, where the command finds the worker beside it.
@@ -52,7 +51,14 @@ async function bundleCommand() {
     // The CommonJS packages inside (fastify, pino, ajv) call require for Node's own modules.
     banner: { js: "import { createRequire as loopsMockRequire } from 'node:module'; const require = loopsMockRequire(import.meta.url);" },
     logLevel: 'warning',
+    metafile: true,
+    // The metafile's paths are relative to this.
+    absWorkingDir: root,
   });
+  // Chunks are named by their content: without this, every build would leave the last one's beside it (and in a
+  // pack). Only files this build did not write go, after it: a server running from here keeps the chunks it loads.
+  const written = new Set(Object.keys(metafile.outputs).map((f) => join(root, f)));
+  for (const name of readdirSync(out)) if (!written.has(join(out, name))) rmSync(join(out, name), { force: true });
 }
 
 const sources = Math.max(...SOURCES.map((d) => newest(join(root, d))), ...CONFIGS.map((f) => statSync(join(root, f)).mtimeMs));
@@ -65,6 +71,11 @@ if (always || sources > built || !existsSync(join(root, 'dist', 'server', 'cli.j
   // The routes' request validators compiled ahead (server/http/route-validators.ts), from the compiled modules.
   const { writeRouteValidators } = await import(join(root, 'dist', 'server', 'build-route-validators.js'));
   await writeRouteValidators(join(root, 'dist', 'route-validators.cjs'));
+  // The built-in tokenizer families' stop-string decoder tables, read by a first process instead of scanning (models/token-decoder.ts).
+  const { shipDecoderTables } = await import(join(root, 'dist', 'models', 'tokenizers.js'));
+  const { shippedTablesDir } = await import(join(root, 'dist', 'models', 'token-decoder.js'));
+  rmSync(shippedTablesDir(), { recursive: true, force: true });
+  shipDecoderTables(shippedTablesDir());
   writeFileSync(stamp, `${new Date().toISOString()}\n`);
 }
 // `npm start` runs the command through its shebang (bin/loops-mock.js says why), as npm's links do.

@@ -10,9 +10,13 @@ import { buildApp } from './app.js';
 import { DEFAULTS } from './config.js';
 import { LoopsCore } from './core/core.js';
 import { directUrls } from './http/public-urls.js';
-import { ajvOptions, routeValidatorsFile, validatorKey, validatorsAbout, type CheckKind } from './http/route-validators.js';
-import { schemasSeen } from './http/validation.js';
-import './admin/scenario.js';
+import { AHEAD_CODE, ajvOptions, routeValidatorsFile, validatorKey, validatorsAbout, type CheckKind } from './http/route-validators.js';
+import { Scenario } from './admin/schemas.js';
+import { collectSchemas, schemasSeen } from './http/validation.js';
+
+/** Where the built code finds ajv-formats' formats: what AHEAD_CODE says, which the file's `about` records. */
+const FORMATS = _`require("ajv-formats/dist/formats").fullFormats`;
+if (FORMATS.toString() !== AHEAD_CODE.formats) throw new Error('build-route-validators: FORMATS and AHEAD_CODE.formats differ');
 
 /** The source of one CommonJS file exporting each schema's validator under its key, by kind, and the `about` line. */
 export async function routeValidatorsSource(schemas: readonly { kind: CheckKind; schema: object }[]): Promise<{ source: string; count: number }> {
@@ -23,8 +27,7 @@ export async function routeValidatorsSource(schemas: readonly { kind: CheckKind;
   let count = 0;
   for (const kind of ['body', 'text'] as const) {
     const options = ajvOptions(kind);
-    // Compiled once, at build time: ajv's optimizing pass is worth it here (a smaller file to read at start-up).
-    const ajv = new Ajv({ ...options, code: { source: true, optimize: true, formats: _`require("ajv-formats/dist/formats").fullFormats` } });
+    const ajv = new Ajv({ ...options, code: { source: true, optimize: AHEAD_CODE.optimize, formats: FORMATS } });
     (formats as unknown as { default: (a: Ajv) => void }).default(ajv);
     // Each schema added under its key (its name in the file): standalone code exports schemas by id.
     const refs: Record<string, string> = {};
@@ -44,6 +47,7 @@ export async function routeValidatorsSource(schemas: readonly { kind: CheckKind;
 /** Builds the app (no port opened), and writes its routes' validators where the server reads them. */
 export async function writeRouteValidators(file = routeValidatorsFile()): Promise<{ file: string; count: number }> {
   if (!file) throw new Error('cannot find the loops-mock package folder to write its route validators in');
+  collectSchemas();
   const core = new LoopsCore();
   try {
     const app = await buildApp(core, { ...DEFAULTS, admin: true, urls: directUrls(() => 'http://127.0.0.1') });
@@ -52,7 +56,8 @@ export async function writeRouteValidators(file = routeValidatorsFile()): Promis
   } finally {
     core.close();
   }
-  const { source, count } = await routeValidatorsSource(schemasSeen);
+  // The scenario schema is compiled as its module loads (admin/scenario.ts), before collecting began.
+  const { source, count } = await routeValidatorsSource([...schemasSeen, { kind: 'body', schema: Scenario }]);
   const tmp = `${file}.${process.pid}.tmp`;
   writeFileSync(tmp, source);
   renameSync(tmp, file);

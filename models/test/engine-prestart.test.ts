@@ -2,7 +2,8 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { engineWorkerFile, engineWorkerWaiting, prestartEngineWorker, takeEngineWorker } from '../engine-prestart.js';
+import * as prestart from '../engine-prestart.js';
+import { engineWorkerFile, prestartedWorker, prestartEngineWorker, takeEngineWorker } from '../engine-prestart.js';
 import { ModelEngine } from '../engine.js';
 import { freshAdapter } from '../lora.js';
 import type { RunnerConfig } from '../runner-protocol.js';
@@ -19,15 +20,17 @@ const until = async (done: () => boolean) => {
 describe("the command line's engine worker, started before its engine", () => {
   it('is taken by the first engine, which computes with it exactly what an engine with a worker of its own does', async () => {
     prestartEngineWorker();
-    expect(engineWorkerWaiting()).toBe(true);
+    expect(prestartedWorker()).toBe('waiting');
+    const taken = prestart.engineWorkersTaken;
     const early = new ModelEngine('prestart-test', 64, { dims });
     const own = new ModelEngine('prestart-test', 64, { dims });
     try {
       const adapter = freshAdapter(early.sites, 4, 8, 'prestart');
       const seqs = [{ tokens: [1, 5, 9, 3], targets: [5, 9, 3, 7] }];
       const first = await early.forward(seqs, adapter);
-      // Taken: the second engine starts its own.
-      expect(engineWorkerWaiting()).toBe(false);
+      // Taken by the first engine, handed its config; the second engine starts its own.
+      expect(prestart.engineWorkersTaken).toBe(taken + 1);
+      expect(prestartedWorker()).toBe('none');
       const second = await own.forward(seqs, adapter);
       expect(first).toEqual(second);
       expect(first[0]!.some((x) => x !== 0)).toBe(true);
@@ -41,19 +44,20 @@ describe("the command line's engine worker, started before its engine", () => {
     const broken = join(dir, 'broken-worker.mjs');
     writeFileSync(broken, "throw new Error('this worker cannot start');\n");
     prestartEngineWorker(broken);
-    await new Promise((r) => setTimeout(r, 300));
+    await until(() => prestartedWorker() === 'failed');
+    expect(prestartedWorker()).toBe('failed');
     const config: RunnerConfig = { modelName: 'x', dims: { vocab: 16, ...DEFAULT_DIMS }, device: 'cpu' };
     expect(takeEngineWorker(broken, config)).toBeNull();
     // One started for another file is not taken either (and is ended).
     prestartEngineWorker(broken);
     expect(takeEngineWorker(engineWorkerFile(), config)).toBeNull();
-    expect(engineWorkerWaiting()).toBe(false);
+    expect(prestartedWorker()).toBe('none');
   });
 
   it('is ended when no engine takes it', async () => {
     prestartEngineWorker(engineWorkerFile(), 50);
-    expect(engineWorkerWaiting()).toBe(true);
-    await until(() => !engineWorkerWaiting());
-    expect(engineWorkerWaiting()).toBe(false);
+    expect(prestartedWorker()).toBe('waiting');
+    await until(() => prestartedWorker() === 'none');
+    expect(prestartedWorker()).toBe('none');
   });
 });

@@ -28,9 +28,18 @@ const compiled = { body: new WeakMap<object, ValidateFunction>(), text: new Weak
 /** How the schemas compiled so far came: from the built file, or compiled by ajv here. */
 export const validatorSources = { built: 0, compiled: 0 };
 
-/** Every schema handed to the compiler, once each, for the build to compile ahead (server/build-route-validators.ts). */
+/**
+ * The schemas handed to the compiler while the build collects them (collectSchemas), once each, for it to compile
+ * ahead (server/build-route-validators.ts); a server collects none.
+ */
 export const schemasSeen: { kind: CheckKind; schema: object }[] = [];
 const seen = { body: new WeakSet<object>(), text: new WeakSet<object>() };
+let collecting = false;
+
+/** From now on every schema handed to the compiler is listed in schemasSeen. */
+export function collectSchemas(): void {
+  collecting = true;
+}
 
 /** Schemas handed out but not compiled yet (see compileSchemasSoon). */
 const uncompiled: (() => void)[] = [];
@@ -61,7 +70,7 @@ export const validatorCompiler: FastifySchemaCompiler<unknown> = ({ schema, http
   const kind: CheckKind = httpPart === 'body' ? 'body' : 'text';
   const cache = compiled[kind];
   let fn = cache.get(schema as object);
-  if (!seen[kind].has(schema as object)) {
+  if (collecting && !seen[kind].has(schema as object)) {
     seen[kind].add(schema as object);
     schemasSeen.push({ kind, schema: schema as object });
   }

@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { Type } from 'typebox';
 import { Ajv } from 'ajv';
@@ -9,8 +9,11 @@ import { buildApp, DEFAULTS, directUrls, LoopsCore } from '../index.js';
 import { ajvOptions, loadRouteValidators, routeValidatorsFile, validatorKey } from '../http/route-validators.js';
 import { compileSchemasSoon, pendingSchemaCount, validatorCompiler, validatorSources } from '../http/validation.js';
 
-// Beside the built file: the files' code reads ajv's runtime from this package's node_modules, as the built one does.
-const dir = mkdtempSync(join(dirname(routeValidatorsFile()!), 'test-route-validators-'));
+// Under this package's node_modules: the files' code reads ajv's runtime from there, as the built one does (and a
+// folder an interrupted run leaves is never packed).
+const cacheRoot = join(dirname(dirname(routeValidatorsFile()!)), 'node_modules', '.cache');
+mkdirSync(cacheRoot, { recursive: true });
+const dir = mkdtempSync(join(cacheRoot, 'loops-mock-route-validators-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 const Rank = Type.Object(
