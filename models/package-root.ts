@@ -2,9 +2,24 @@ import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
+type PackageRoot = { dir: string; version: string } | null;
+
+/** Found once per folder: the version, the built validators and the shipped tables all ask at start-up. */
+const found = new Map<string, PackageRoot>();
+
 /** This package's folder and its package.json, found from a file of it whether it runs from source, dist/ or the bundle. */
-export function packageRoot(from: string): { dir: string; version: string } | null {
-  let dir = dirname(fileURLToPath(from));
+export function packageRoot(from: string): PackageRoot {
+  const start = dirname(fileURLToPath(from));
+  let root = found.get(start);
+  if (root === undefined) {
+    root = findRoot(start);
+    found.set(start, root);
+  }
+  return root;
+}
+
+function findRoot(start: string): PackageRoot {
+  let dir = start;
   for (;;) {
     const candidate = join(dir, 'package.json');
     if (existsSync(candidate)) {

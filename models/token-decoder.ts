@@ -283,7 +283,7 @@ export function loadTokenDecoder(
   shippedDir: string | null = null,
 ): TokenDecoder & { cache: { outcome: DecoderTableOutcome; refused?: string } } {
   const file = readFileSync(tokenizerJson);
-  const digest = createHash('sha256').update(file).digest('hex');
+  const digest = digestOf(file);
   // A shipped entry that is missing, stale or damaged is passed over: the cache, or a scan, gives the table.
   const shipped = shippedDir ? lookUp(DECODER_TABLES, shippedDir, digest) : null;
   if (shipped && 'value' in shipped) return { ...tableDecoder(shipped.value), cache: { outcome: 'shipped' } };
@@ -304,10 +304,13 @@ const cacheKey = (digest: string) =>
     .update(byteOfCodePoint.toString())
     .digest('hex');
 
+/** A shipped entry's key: the SHA-256 of the file's bytes. */
+const digestOf = (file: Buffer) => createHash('sha256').update(file).digest('hex');
+
 /** Run by the package's build: `tokenizerJson`'s table scanned and kept in `dir` under its shipped key. */
 export function shipDecoderTable(tokenizerJson: string, dir: string): void {
   const file = readFileSync(tokenizerJson);
-  keep(DECODER_TABLES, dir, createHash('sha256').update(file).digest('hex'), readDecoderTable(file, tokenizerJson));
+  keep(DECODER_TABLES, dir, digestOf(file), readDecoderTable(file, tokenizerJson));
 }
 
 /** Decodes as the library does, from the table. */

@@ -135,14 +135,10 @@ function load(tokenizerPath: string, configPath: string | null, source: string):
 
 /**
  * Run by the package's build: each built-in family's decoder table made and kept in `dir` (shippedTablesDir), for
- * a first process to read rather than scan its tokenizer.json. Returns the families' files.
+ * a first process to read rather than scan its tokenizer.json.
  */
-export function shipDecoderTables(dir: string): string[] {
-  return Object.values(FAMILY_PACKAGES).map((pkg) => {
-    const file = require.resolve(`${pkg}/models/tokenizer.json`);
-    shipDecoderTable(file, dir);
-    return file;
-  });
+export function shipDecoderTables(dir: string): void {
+  for (const pkg of Object.values(FAMILY_PACKAGES)) shipDecoderTable(require.resolve(`${pkg}/models/tokenizer.json`), dir);
 }
 
 function sibling(tokenizerJson: string): string | null {

@@ -70,7 +70,7 @@ if (always || sources > built || !existsSync(join(root, 'dist', 'server', 'cli.j
   await bundleCommand();
   // The routes' request validators compiled ahead (server/http/route-validators.ts), from the compiled modules.
   const { writeRouteValidators } = await import(join(root, 'dist', 'server', 'build-route-validators.js'));
-  await writeRouteValidators(join(root, 'dist', 'route-validators.cjs'));
+  await writeRouteValidators();
   // The built-in tokenizer families' stop-string decoder tables, read by a first process instead of scanning (models/token-decoder.ts).
   const { shipDecoderTables } = await import(join(root, 'dist', 'models', 'tokenizers.js'));
   const { shippedTablesDir } = await import(join(root, 'dist', 'models', 'token-decoder.js'));
