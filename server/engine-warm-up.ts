@@ -1,6 +1,6 @@
 /** The model engines a server starts with, and their warm-up (--warm), begun before the HTTP side is even loaded. */
 import { defaultHfCache, EnginePool, findBaseModel, probeDevice, Tokenizers, warmTrainingLoop, type GraphBuildEvent } from '../models/index.js';
-import { defaultCacheDir } from './cache-dir.js';
+import { cacheDirOption } from './cache-dir.js';
 import { ConfigError, type ServerOptions } from './config.js';
 
 /** The log line of a graph kind's first build, for a person waiting on it. */
@@ -42,7 +42,7 @@ export async function prepareEngines(
     if (!findBaseModel(model)) throw new ConfigError(`--tokenizer ${model}=${path}: '${model}' is not a supported base model (see GET /v1/loops/capabilities)`);
     overrides.set(model, path);
   }
-  const cacheDir = options.cacheDir === undefined ? defaultCacheDir() : options.cacheDir;
+  const cacheDir = cacheDirOption(options.cacheDir);
   let tokenizers: Tokenizers;
   try {
     tokenizers = new Tokenizers(overrides, defaultHfCache(), cacheDir);

@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -143,14 +143,18 @@ describe('what a server keeps for the next one (--cache-dir, LOOPS_MOCK_CACHE_DI
     }
   };
 
-  it("keeps the engines' base weights there, and on Node 22.1+ the compiled modules; none keeps nothing", async () => {
+  it("keeps onnxruntime's optimized graphs there, and on Node 22.1+ the compiled modules; removes retired entries; none keeps nothing", async () => {
     const dir = mkdtempSync(join(tmpdir(), 'loops-mock-cache-'));
+    // An earlier version's base weights: no longer read, so removed once the server is ready.
+    mkdirSync(join(dir, 'base-weights'));
+    writeFileSync(join(dir, 'base-weights', '1a3482c767a2959c34a4ab34.bin'), 'retired');
     const kept = await launch(['--warm', 'Qwen/Qwen3.5-2B'], { LOOPS_MOCK_CACHE_DIR: dir });
     await warmedUp(kept.url);
     kept.process.kill('SIGTERM');
     expect((await kept.exited).code).toBe(0);
     const files = filesUnder(dir);
-    expect(files.filter((f) => f.startsWith('base-weights/') && f.endsWith('.bin'))).toHaveLength(1);
+    expect(files.filter((f) => f.startsWith('onnxruntime-models/') && f.endsWith('.bin')).length).toBeGreaterThanOrEqual(7);
+    expect(existsSync(join(dir, 'base-weights'))).toBe(false);
     // Node's own compile cache exists from 22.1 on (module.enableCompileCache); on 20 nothing is kept for it.
     const hasCompileCache = typeof ((await import('node:module')).default as { enableCompileCache?: unknown }).enableCompileCache === 'function';
     expect(files.some((f) => f.startsWith('node-compile/'))).toBe(hasCompileCache);
