@@ -3,7 +3,9 @@ import * as ort from 'onnxruntime-node';
 import { DeviceUnavailableError } from './device-error.js';
 import { collectorAfterReleases } from './collect-soon.js';
 import { LruMap } from './lru.js';
+import { BUNDLED_GRAPH_DIGESTS, graphSpecKey } from './graph-digests.js';
 import { OptimizedModels } from './optimized-models.js';
+import { shippedCacheDir } from './package-root.js';
 import { ADAPTER_CACHE_SIZE, AdapterNotCachedError, type AdapterRef, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
 import { versionKey } from './lora.js';
 import { SideBySide, type Member } from './side-by-side.js';
@@ -64,6 +66,25 @@ export type { Feed, RunnerConfig, RunRequest } from './runner-protocol.js';
 ort.env.logLevel = 'fatal';
 
 /**
+ * The options of the sessions a runner builds (the package's build keeps the warm-up's graphs optimized with
+ * them: shipped-graphs.ts). `threads` (--threads) defaults to the cores this process may use.
+ */
+export function sessionOptions(device: 'cpu' | 'cuda', threads?: number): ort.InferenceSession.SessionOptions {
+  return {
+    executionProviders: [device],
+    intraOpNumThreads: threads ?? availableParallelism(),
+    interOpNumThreads: 1,
+    executionMode: 'sequential',
+    graphOptimizationLevel: 'all',
+    // Each session has a pool of its own, and by default its threads spin a while after each run: with a
+    // training step, an eval and a sample in turn (one session each), the spinning pools took the cores
+    // from the one at work (campaign round ~200 -> ~150 ms on 2 cores; sampling unchanged).
+    extra: { session: { intra_op: { allow_spinning: '0' } } },
+    ...(device === 'cuda' ? { logSeverityLevel: 4 as const } : {}),
+  };
+}
+
+/**
  * Owns one base model's weights and its onnxruntime sessions, and runs
  * graphs on plain-data feeds. It lives in a worker thread (engine-worker.ts):
  * onnxruntime-node computes on the thread that calls it.
@@ -80,11 +101,24 @@ export class GraphRunner {
   /** Sessions from optimized graphs kept between processes (on CPU: a GPU's sessions optimize for the device). */
   private readonly optimized: OptimizedModels;
 
-  constructor(private readonly config: RunnerConfig) {
-    this.optimized = new OptimizedModels(config.device === 'cpu' ? (config.cacheDir ?? null) : null);
+  /**
+   * @param graphDigests the graphs' digests known ahead (graph-digests.ts: the bundle's), so that a session whose
+   *   optimized graph is kept is made without building the graph.
+   */
+  constructor(
+    private readonly config: RunnerConfig,
+    private readonly graphDigests: Readonly<Record<string, string>> | null = BUNDLED_GRAPH_DIGESTS,
+  ) {
+    const cpu = config.device === 'cpu';
+    this.optimized = new OptimizedModels(cpu ? (config.cacheDir ?? null) : null, cpu ? shippedCacheDir() : null);
     this.layerSites = layerSites(loraSites(config.dims));
     // Made afresh (~30 ms for Qwen's 39 MB): reading a kept copy back and checking it took longer (~50 ms).
     for (const w of baseWeights(config.modelName, config.dims)) this.baseFeeds[`base.${w.name}`] = new ort.Tensor('float32', w.data, w.shape);
+  }
+
+  /** Where this runner's sessions came from (optimized-models.ts), and how many graphs it built: for tests and the curious. */
+  sessionSources(): Record<string, number> {
+    return { ...this.optimized.counts, graphsBuilt: this.optimized.graphsBuilt };
   }
 
   async run(req: RunRequest): Promise<Record<string, Feed>> {
@@ -275,18 +309,7 @@ export class GraphRunner {
   }
 
   private sessionOptions(cuda: boolean): ort.InferenceSession.SessionOptions {
-    return {
-      executionProviders: [cuda ? 'cuda' : 'cpu'],
-      intraOpNumThreads: this.config.threads ?? availableParallelism(),
-      interOpNumThreads: 1,
-      executionMode: 'sequential',
-      graphOptimizationLevel: 'all',
-      // Each session has a pool of its own, and by default its threads spin a while after each run: with a
-      // training step, an eval and a sample in turn (one session each), the spinning pools took the cores
-      // from the one at work (campaign round ~200 -> ~150 ms on 2 cores; sampling unchanged).
-      extra: { session: { intra_op: { allow_spinning: '0' } } },
-      ...(cuda ? { logSeverityLevel: 4 as const } : {}),
-    };
+    return sessionOptions(cuda ? 'cuda' : 'cpu', this.config.threads);
   }
 
   /**
@@ -334,9 +357,13 @@ export class GraphRunner {
     const key = `${kind}${merged ? ':merged' : ''}${mixed ? ':mixed' : ''}${heavy ? ':heavy' : ''}`;
     let s = this.sessions.get(key);
     if (!s) {
-      const { onnx } = buildGraph(kind, this.config.dims, { mergedUnembedding: merged, mixedAdapters: mixed });
+      const { dims } = this.config;
+      const graph = {
+        digest: this.graphDigests?.[graphSpecKey({ kind, dims, merged, mixed })],
+        build: () => buildGraph(kind, dims, { mergedUnembedding: merged, mixedAdapters: mixed }).onnx,
+      };
       const cuda = this.config.device === 'cuda';
-      s = this.optimized.create(onnx, this.sessionOptions(cuda)).catch((err: unknown) => {
+      s = this.optimized.create(graph, this.sessionOptions(cuda)).catch((err: unknown) => {
         this.sessions.delete(key);
         throw cuda ? new DeviceUnavailableError(err) : err;
       });

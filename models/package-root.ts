@@ -31,3 +31,13 @@ function findRoot(start: string): PackageRoot {
     dir = parent;
   }
 }
+
+/**
+ * Where the package's build keeps cache entries of its own (dist/shipped-cache: the built-in families' decoder
+ * tables, the warm-up's optimized graphs), read by a process whose --cache-dir has none yet. Null where the
+ * package's folder is not found.
+ */
+export function shippedCacheDir(): string | null {
+  const root = packageRoot(import.meta.url);
+  return root ? join(root.dir, 'dist', 'shipped-cache') : null;
+}

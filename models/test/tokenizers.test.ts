@@ -5,7 +5,8 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it, vi } from 'vitest';
 import { BASE_MODELS, EnginePool, FAMILY_EOS, FAMILY_VOCAB, Tokenizers } from '../index.js';
 import { Prng } from '../prng.js';
-import { loadTokenDecoder, shippedTablesDir } from '../token-decoder.js';
+import { shippedCacheDir } from '../package-root.js';
+import { loadTokenDecoder } from '../token-decoder.js';
 
 const require = createRequire(import.meta.url);
 const dir = mkdtempSync(join(tmpdir(), 'loops-mock-tok-'));
@@ -138,14 +139,14 @@ describe("the built-in families' decoder tables, made when the package is built"
       const decoder = new Tokenizers(new Map(), null, cache).decoder(model) as ReturnType<typeof loadTokenDecoder>;
       expect(decoder.cache.outcome, `${model}: run npm run build`).toBe('shipped');
     }
-    const shipped = loadTokenDecoder(qwen, cache, shippedTablesDir());
+    const shipped = loadTokenDecoder(qwen, cache, shippedCacheDir());
     expect(decodes(shipped)).toEqual(decodes(loadTokenDecoder(qwen)));
     expect(existsSync(cache)).toBe(false);
   });
 
   it('are passed over when damaged: the cache, or a scan, gives the table', () => {
     const shipped = join(dir, 'damaged-shipped');
-    cpSync(shippedTablesDir()!, shipped, { recursive: true });
+    cpSync(shippedCacheDir()!, shipped, { recursive: true });
     for (const entry of readdirSync(join(shipped, 'token-decoders'))) {
       const file = join(shipped, 'token-decoders', entry);
       const bytes = readFileSync(file);

@@ -148,7 +148,14 @@ describe('what a server keeps for the next one (--cache-dir, LOOPS_MOCK_CACHE_DI
     // An earlier version's base weights: no longer read, so removed once the server is ready.
     mkdirSync(join(dir, 'base-weights'));
     writeFileSync(join(dir, 'base-weights', '1a3482c767a2959c34a4ab34.bin'), 'retired');
-    const kept = await launch(['--warm', 'Qwen/Qwen3.5-2B'], { LOOPS_MOCK_CACHE_DIR: dir });
+    // A vocabulary of 64 words: graphs of other shapes than the built-in families' the package's build optimized,
+    // so the warm-up's are optimized here and kept.
+    const vocab = Object.fromEntries(Array.from({ length: 64 }, (_, i) => [`w${i}`, i]));
+    const tokenizer = join(mkdtempSync(join(tmpdir(), 'loops-mock-tokenizer-')), 'tokenizer.json');
+    const model = { type: 'WordLevel', vocab, unk_token: 'w0' };
+    const none = { truncation: null, padding: null, normalizer: null, post_processor: null, decoder: null };
+    writeFileSync(tokenizer, JSON.stringify({ version: '1.0', ...none, added_tokens: [], pre_tokenizer: { type: 'Whitespace' }, model }));
+    const kept = await launch(['--warm', 'Qwen/Qwen3.5-2B', '--tokenizer', `Qwen/Qwen3.5-2B=${tokenizer}`], { LOOPS_MOCK_CACHE_DIR: dir });
     await warmedUp(kept.url);
     kept.process.kill('SIGTERM');
     expect((await kept.exited).code).toBe(0);
@@ -159,12 +166,20 @@ describe('what a server keeps for the next one (--cache-dir, LOOPS_MOCK_CACHE_DI
     const hasCompileCache = typeof ((await import('node:module')).default as { enableCompileCache?: unknown }).enableCompileCache === 'function';
     expect(files.some((f) => f.startsWith('node-compile/'))).toBe(hasCompileCache);
 
+    // Qwen's own vocabulary: the warm-up's graphs come optimized from the package's build, none is made here.
+    const builtIn = mkdtempSync(join(tmpdir(), 'loops-mock-cache-built-in-'));
+    const shipped = await launch(['--warm', 'Qwen/Qwen3.5-2B'], { LOOPS_MOCK_CACHE_DIR: builtIn });
+    await warmedUp(shipped.url);
+    shipped.process.kill('SIGTERM');
+    expect((await shipped.exited).code).toBe(0);
+    expect(filesUnder(builtIn).filter((f) => f.startsWith('onnxruntime-models/'))).toEqual([]);
+
     // The flag beats the variable; none keeps nothing at all.
     const empty = mkdtempSync(join(tmpdir(), 'loops-mock-cache-none-'));
-    const none = await launch(['--warm', 'Qwen/Qwen3.5-2B', '--cache-dir', 'none'], { LOOPS_MOCK_CACHE_DIR: empty });
-    await warmedUp(none.url);
-    none.process.kill('SIGTERM');
-    expect((await none.exited).code).toBe(0);
+    const off = await launch(['--warm', 'Qwen/Qwen3.5-2B', '--cache-dir', 'none'], { LOOPS_MOCK_CACHE_DIR: empty });
+    await warmedUp(off.url);
+    off.process.kill('SIGTERM');
+    expect((await off.exited).code).toBe(0);
     expect(filesUnder(empty)).toEqual([]);
   }, 60_000);
 
