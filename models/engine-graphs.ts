@@ -5,15 +5,20 @@ import type { LoraAdapter } from './lora.js';
 import type { Feed } from './runner-protocol.js';
 import { DECODE_KINDS, type GraphKind, type LoraSite, type ModelDims } from './transformer.js';
 
-/** A graph kind's first use on an engine: its session is built then, which takes a moment on a cold engine. */
+/**
+ * A graph kind's session built on an engine: at its first run, which then takes a moment on a cold engine, or
+ * ahead of it by the warm-up (`ahead`).
+ */
 export interface GraphBuildEvent {
   model: string;
   kind: GraphKind;
   /** The kind's mixed-adapter graph (rows of several adapters in one run). */
   mixed: boolean;
   phase: 'start' | 'done';
-  /** With `done`: building and the first run together. */
+  /** With `done`: building and the first run together, or with `ahead` the build alone (on the runner's thread). */
   ms?: number;
+  /** Built by the warm-up before any run of the kind (buildAhead). */
+  ahead?: boolean;
 }
 
 /**
@@ -33,7 +38,7 @@ export const MERGE_FROM_POSITIONS = 64;
  */
 export class GraphTurns {
   private queue: Promise<unknown> = Promise.resolve();
-  /** Graph kinds run so far, `<kind>` or `<kind>:mixed`. */
+  /** Graph kinds run or built ahead so far, `<kind>` or `<kind>:mixed`: each is told of once. */
   private readonly ranKinds = new Set<string>();
   /** Graph runs so far, and how many of them held rows of several adapters (concurrent runs or samplers batched together). */
   readonly graphRuns = { total: 0, mixed: 0 };
@@ -56,15 +61,25 @@ export class GraphTurns {
     return turn;
   }
 
-  /** Settles once no turn is queued or running (a turn taken meanwhile is waited for too): the warm-up's cue. */
-  async whenIdle(): Promise<void> {
-    for (;;) {
-      const last = this.queue;
-      await last;
-      // Turns taken by the same tick as the last one finished are in the queue by now.
-      await new Promise((resolve) => setImmediate(resolve));
-      if (last === this.queue) return;
-    }
+  /**
+   * Builds the sessions of `kinds` on the runner's thread, one after another, each run asked for meanwhile going
+   * in between, and tells of each build not preceded by a run of its kind. `signal` stops it before its next build.
+   */
+  async buildAhead(kinds: readonly GraphKind[], signal?: AbortSignal): Promise<void> {
+    const mine = new Set<GraphKind>();
+    await this.runner.prebuild(
+      kinds,
+      (kind, phase, ms) => {
+        if (phase === 'start') {
+          // A client's run got there first: its own events tell of the build.
+          if (this.ranKinds.has(kind)) return;
+          this.ranKinds.add(kind);
+          mine.add(kind);
+        } else if (!mine.delete(kind)) return;
+        this.onGraphBuild?.({ model: this.modelName, kind, mixed: false, phase, ...(phase === 'done' ? { ms } : {}), ahead: true });
+      },
+      signal,
+    );
   }
 
   /** One adapter's graph run in a turn of its own. */

@@ -2,14 +2,17 @@ import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import type { GraphRunner } from './graph-runner.js';
 import { LruMap } from './lru.js';
-import { ADAPTER_CACHE_SIZE, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
+import { ADAPTER_CACHE_SIZE, type Feed, type PrebuildListener, type RunnerConfig, type RunRequest } from './runner-protocol.js';
 import type { GraphKind } from './transformer.js';
 
 /** Where a ModelEngine's graphs run: on its worker thread, or inline. */
 export interface Runner {
   run(req: RunRequest): Promise<Record<string, Feed>>;
-  /** Builds the sessions of `kinds`, the runs asked for meanwhile going in between. */
-  prebuild(kinds: readonly GraphKind[]): Promise<void>;
+  /**
+   * Builds the sessions of `kinds`, the runs asked for meanwhile going in between; `told` hears each build,
+   * `signal` stops it before its next one.
+   */
+  prebuild(kinds: readonly GraphKind[], told?: PrebuildListener, signal?: AbortSignal): Promise<void>;
   close?(): Promise<void>;
 }
 
@@ -24,15 +27,17 @@ export class InlineRunner implements Runner {
   async run(req: RunRequest): Promise<Record<string, Feed>> {
     return (await this.get()).run(req);
   }
-  async prebuild(kinds: readonly GraphKind[]): Promise<void> {
-    await (await this.get()).prebuild(kinds);
+  async prebuild(kinds: readonly GraphKind[], told?: PrebuildListener, signal?: AbortSignal): Promise<void> {
+    await (await this.get()).prebuild(kinds, told, () => signal?.aborted ?? false);
   }
 }
 
 /** Runs graphs on a worker thread that owns the weights and sessions; requests and answers are messages. */
 export class WorkerRunner implements Runner {
   private worker: Worker | null = null;
-  private readonly pending = new Map<number, { resolve: (v: Record<string, Feed>) => void; reject: (e: Error) => void }>();
+  private readonly pending = new Map<number, { resolve: (v: Record<string, Feed>) => void; reject: (e: Error) => void; told?: PrebuildListener }>();
+  /** Prebuilds under way, by call: close() stops them before their next build rather than waiting for all. */
+  private readonly prebuilds = new Set<number>();
   private nextId = 0;
 
   constructor(private readonly config: RunnerConfig) {}
@@ -58,8 +63,23 @@ export class WorkerRunner implements Runner {
     }
   }
 
-  async prebuild(kinds: readonly GraphKind[]): Promise<void> {
-    await this.call({ prebuild: [...kinds] });
+  async prebuild(kinds: readonly GraphKind[], told?: PrebuildListener, signal?: AbortSignal): Promise<void> {
+    if (signal?.aborted) return;
+    const id = this.nextId;
+    const building = this.call({ prebuild: [...kinds] }, told);
+    this.prebuilds.add(id);
+    const stop = () => this.stopPrebuild(id);
+    signal?.addEventListener('abort', stop, { once: true });
+    try {
+      await building;
+    } finally {
+      this.prebuilds.delete(id);
+      signal?.removeEventListener('abort', stop);
+    }
+  }
+
+  private stopPrebuild(id: number): void {
+    this.worker?.postMessage({ stopPrebuild: id });
   }
 
   private closing: Promise<void> | null = null;
@@ -72,6 +92,7 @@ export class WorkerRunner implements Runner {
    */
   close(): Promise<void> {
     this.closing ??= (async () => {
+      for (const id of this.prebuilds) this.stopPrebuild(id);
       if (this.pending.size)
         await new Promise<void>((resolve) => {
           this.drained = resolve;
@@ -83,12 +104,12 @@ export class WorkerRunner implements Runner {
     return this.closing;
   }
 
-  private call(msg: { run?: RunRequest; prebuild?: GraphKind[] }): Promise<Record<string, Feed>> {
+  private call(msg: { run?: RunRequest; prebuild?: GraphKind[] }, told?: PrebuildListener): Promise<Record<string, Feed>> {
     if (this.closing) return Promise.reject(new Error('The model engine is closed (the server is shutting down).'));
     const worker = this.start();
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
-      this.pending.set(id, { resolve, reject });
+      this.pending.set(id, { resolve, reject, told });
       if (this.pending.size === 1) worker.ref();
       try {
         worker.postMessage({ id, ...msg });
@@ -117,9 +138,13 @@ export class WorkerRunner implements Runner {
     const file = fileURLToPath(new URL(fromSource ? './engine-worker-source.mjs' : './engine-worker.js', import.meta.url));
     const worker = new Worker(file, { workerData: this.config });
     worker.unref();
-    worker.on('message', (msg: { id: number; outputs?: Record<string, Feed>; error?: { name: string; message: string } }) => {
+    worker.on('message', (msg: WorkerReply) => {
       const p = this.pending.get(msg.id);
       if (!p) return;
+      if (msg.building) {
+        p.told?.(msg.building.kind, msg.building.phase, msg.building.ms);
+        return;
+      }
       this.settle(msg.id);
       if (msg.error) {
         const err = new Error(msg.error.message);
@@ -138,4 +163,12 @@ export class WorkerRunner implements Runner {
     this.worker = worker;
     return worker;
   }
+}
+
+/** What the worker sends back (engine-worker.ts): a call's outputs or error, or word of a prebuild's build. */
+interface WorkerReply {
+  id: number;
+  outputs?: Record<string, Feed>;
+  error?: { name: string; message: string };
+  building?: { kind: GraphKind; phase: 'start' | 'done'; ms?: number };
 }

@@ -5,10 +5,19 @@ import type { RunnerConfig, RunRequest } from './runner-protocol.js';
 /** The worker thread of one ModelEngine: builds the base weights and runs graphs off the server's thread. */
 const runner = new GraphRunner(workerData as RunnerConfig);
 
-parentPort!.on('message', async (msg: { id: number; prebuild?: RunRequest['kind'][]; run?: RunRequest }) => {
+/** Prebuild calls told to stop (the engine closing, or its warm-up stopped): each ends before its next build. */
+const stopped = new Set<number>();
+
+parentPort!.on('message', async (msg: { id: number; prebuild?: RunRequest['kind'][]; stopPrebuild?: number; run?: RunRequest }) => {
+  if (msg.stopPrebuild !== undefined) {
+    stopped.add(msg.stopPrebuild);
+    return;
+  }
   try {
     if (msg.prebuild) {
-      await runner.prebuild(msg.prebuild);
+      const told = (kind: RunRequest['kind'], phase: 'start' | 'done', ms?: number) => parentPort!.postMessage({ id: msg.id, building: { kind, phase, ms } });
+      await runner.prebuild(msg.prebuild, told, () => stopped.has(msg.id));
+      stopped.delete(msg.id);
       parentPort!.postMessage({ id: msg.id, outputs: {} });
       return;
     }

@@ -5,7 +5,7 @@ import { Prefill, type SequenceStart } from './engine-prefill.js';
 import { InlineRunner, WorkerRunner, type Runner } from './engine-runner.js';
 import { Scoring, type BackwardResult } from './engine-scoring.js';
 import { SamplingStreams } from './engine-streams.js';
-import { WARM_UP_KINDS, warmUp } from './engine-warm-up.js';
+import { WARM_UP_KINDS } from './engine-warm-up.js';
 import type { DecodeRow, DecodeState, ScoredSequence, TopTokens } from './feeds.js';
 import { LongSequences } from './long-sequences.js';
 import type { LoraAdapter } from './lora.js';
@@ -83,7 +83,7 @@ export async function probeDevice(device: Device): Promise<void> {
  * - LongSequences (long-sequences.ts): a sequence too long for one run, block by block;
  * - Prefill (engine-prefill.ts) and Decoding (engine-decode.ts): a sample's prompt, then its steps;
  * - SamplingStreams (engine-streams.ts): the streams decoding and the clients about to return, which
- *   the sampling batches wait for; warmUp (engine-warm-up.ts) runs each graph once.
+ *   the sampling batches wait for; warmUp builds the sessions of WARM_UP_KINDS (engine-warm-up.ts) ahead.
  */
 export class ModelEngine {
   readonly dims: ModelDims;
@@ -136,22 +136,12 @@ export class ModelEngine {
   }
 
   /**
-   * Builds and runs once each graph the guides' flows use, so that a client's first step costs what its later ones
-   * do; it yields to client work between runs (engine-warm-up.ts). `stopped` ends it at its next step.
+   * Builds each graph the guides' flows use (WARM_UP_KINDS) on the runner's thread, so that a client's first
+   * call of each costs what its later ones do; a client's runs go in between the builds. `signal` stops it
+   * before its next build.
    */
-  async warmUp(stopped?: () => boolean): Promise<void> {
-    // The sessions are built on the runner's thread meanwhile, not each at its first run (graph-runner.ts, prebuild).
-    const built = this.runner.prebuild(WARM_UP_KINDS).catch(() => undefined);
-    try {
-      await warmUp(this.sites, { graphs: this.graphs, scoring: this.scoring, prefill: this.prefill, decoding: this.decoding }, stopped);
-    } finally {
-      await built;
-    }
-  }
-
-  /** Settles once this engine has no graph run queued or running (warm-up steps wait for it). */
-  whenIdle(): Promise<void> {
-    return this.graphs.whenIdle();
+  async warmUp(signal?: AbortSignal): Promise<void> {
+    await this.graphs.buildAhead(WARM_UP_KINDS, signal);
   }
 
   /** Logprob of each target token, per sequence. */

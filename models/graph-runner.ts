@@ -6,7 +6,15 @@ import { LruMap } from './lru.js';
 import { BUNDLED_GRAPH_DIGESTS, graphSpecKey } from './graph-digests.js';
 import { OptimizedModels } from './optimized-models.js';
 import { shippedCacheDir } from './package-root.js';
-import { ADAPTER_CACHE_SIZE, AdapterNotCachedError, type AdapterRef, type Feed, type RunnerConfig, type RunRequest } from './runner-protocol.js';
+import {
+  ADAPTER_CACHE_SIZE,
+  AdapterNotCachedError,
+  type AdapterRef,
+  type Feed,
+  type PrebuildListener,
+  type RunnerConfig,
+  type RunRequest,
+} from './runner-protocol.js';
 import { versionKey } from './lora.js';
 import { SideBySide, type Member } from './side-by-side.js';
 import { baseWeights, buildGraph, buildMergeGraph, DECODE_KINDS, layerSites, loraSites, MIXED_SLOTS, type GraphKind, type LoraSite } from './transformer.js';
@@ -315,12 +323,17 @@ export class GraphRunner {
   /**
    * Builds the sessions of `kinds` one after another, letting the runs asked for meanwhile in between (a
    * session's build holds this thread for tens of milliseconds): started as the engine starts, the builds
-   * fill this thread's time while the server's thread is still loading and cannot send it the warm-up's runs.
+   * fill this thread's time while the server's thread is still loading. `told` hears each build's start and
+   * end (with its milliseconds); `stopped` ends it before its next build.
    */
-  async prebuild(kinds: readonly GraphKind[]): Promise<void> {
+  async prebuild(kinds: readonly GraphKind[], told?: PrebuildListener, stopped: () => boolean = () => false): Promise<void> {
     for (const kind of kinds) {
       await new Promise((resolve) => setImmediate(resolve));
+      if (stopped()) return;
+      told?.(kind, 'start');
+      const started = performance.now();
       await this.session(kind, false, false);
+      told?.(kind, 'done', performance.now() - started);
     }
   }
 

@@ -37,6 +37,9 @@ export interface RunRequest {
   rowAdapters?: number[];
 }
 
+/** Hears a prebuild's sessions: each kind's build as it starts, and as it ends with its milliseconds. */
+export type PrebuildListener = (kind: GraphKind, phase: 'start' | 'done', ms?: number) => void;
+
 /** An adapter version's tensors; `feeds` may be left out when the runner already holds that (id, version). */
 export interface AdapterRef {
   id: string;

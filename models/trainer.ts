@@ -1,5 +1,5 @@
 import type { ModelEngine, ScoredSequence, TopTokens } from './engine.js';
-import { computeLoss, cotangentsNeedLogprobs, isActive, LOSS_NAMES, type LossDatum, type LossName, type Reduction } from './losses.js';
+import { computeLoss, cotangentsNeedLogprobs, isActive, type LossDatum, type LossName, type Reduction } from './losses.js';
 import { cloneAdapter, DEFAULT_LORA_ALPHA, freshAdapter, parameters, touchAdapter, type LoraAdapter } from './lora.js';
 import { adamwStep, freshOptimizerState, warmOptimizer, type AdamParams, type OptimizerState } from './optimizer.js';
 import { adapterFiles, CheckpointLoadError, optimizerFiles, readAdapter, readOptimizer, type CheckpointFile } from './peft.js';
@@ -68,28 +68,6 @@ export class LoraTrainer {
     const logprobs = this.align(scored.logprobs, lossData);
     const result = computeLoss(loss, config, lossData, logprobs, options.reduction);
     return { loss: result.loss, logprobs, metrics: result.metrics, ...(scored.top ? { top: this.activeTop(scored.top, lossData, loss) } : {}) };
-  }
-
-  /**
-   * `forward` under each of `losses`, with one engine pass for the losses that score the same positions: the
-   * warm-up's way through every loss's code (warmTrainingLoop) without a graph run per loss.
-   */
-  async forwardEach(data: TrainingDatum[], losses: LossName[], config: Record<string, number>): Promise<PassResult[]> {
-    const results: PassResult[] = [];
-    let scoredKey = '';
-    let scored: Float32Array[] = [];
-    for (const loss of losses) {
-      const { seqs, lossData } = this.prepare(data, loss);
-      const key = JSON.stringify(seqs);
-      if (key !== scoredKey) {
-        scored = await this.engine.forward(seqs, this.adapter);
-        scoredKey = key;
-      }
-      const logprobs = this.align(scored, lossData);
-      const result = computeLoss(loss, config, lossData, logprobs);
-      results.push({ loss: result.loss, logprobs, metrics: result.metrics });
-    }
-    return results;
   }
 
   /** Loss and logprobs (and with `topK` the most likely tokens), and the loss's gradient added to those accumulated since the last optimizer step. */
@@ -258,47 +236,14 @@ function toEnginePositions(cotangents: Float32Array, shift: 0 | 1): Float32Array
 }
 
 /**
- * Takes a throwaway trainer through one turn of each loop the guides run (an eval, a step, the optimizer's
- * loops (warmOptimizer), both kinds of checkpoint files; the RL guide's datums under every policy loss and a
- * forward_backward on one), so that a fresh server's first client does not run this code in V8's interpreter: the first round's
- * eval took ~25 ms more without. Between calls it lets the engine's client work go first (ModelEngine.whenIdle).
+ * Runs the trainer's code that needs no graph run once, on this thread while the engine's worker builds its
+ * sessions (it is idle meanwhile): AdamW's loops on small tensors (warmOptimizer) and a throwaway adapter's
+ * files of both checkpoint kinds, so that a fresh server's first optim_step and saves do not run in V8's
+ * interpreter. Graph runs are left out: they would take the worker's time while it builds.
  */
-export async function warmTrainingLoop(engine: ModelEngine, stopped: () => boolean = () => false): Promise<void> {
+export function warmTrainerCode(engine: ModelEngine): void {
+  warmOptimizer();
   const trainer = new LoraTrainer(engine, 16, DEFAULT_LORA_ALPHA, 'warm-up');
-  const tokens = [1, 2, 3, 4, 5, 6, 7, 8];
-  const datum: TrainingDatum = {
-    tokens,
-    targetTokens: tokens.map((_, i) => (i >= 5 && i < 7 ? tokens[i + 1]! : IGNORE_TARGET)),
-    weights: null,
-    logprobs: null,
-    advantages: null,
-  };
-  // The RL guide's datum: no target_tokens, the sampler's logprobs and the advantages at each completion token.
-  const rollout: TrainingDatum = {
-    tokens,
-    targetTokens: null,
-    weights: null,
-    logprobs: Float32Array.from(tokens, (_, i) => (i < 5 ? 0 : -1.5)),
-    advantages: Float32Array.from(tokens, (_, i) => (i < 5 ? 0 : 0.5)),
-  };
-  const steps: (() => unknown)[] = [
-    () => trainer.forward([datum], 'cross_entropy', {}),
-    () => trainer.forwardBackward([datum], 'cross_entropy', {}),
-    // The optimizer's loops on small tensors: a step of this adapter would cost ~25-60 ms of this thread.
-    () => warmOptimizer(),
-    () => trainer.stateFiles(),
-    () => trainer.samplerFiles(),
-    () =>
-      trainer.forwardEach(
-        [rollout],
-        LOSS_NAMES.filter((l) => l !== 'cross_entropy'),
-        {},
-      ),
-    () => trainer.forwardBackward([rollout], 'ppo', {}),
-  ];
-  for (const step of steps) {
-    await engine.whenIdle();
-    if (stopped()) return;
-    await step();
-  }
+  trainer.stateFiles();
+  trainer.samplerFiles();
 }

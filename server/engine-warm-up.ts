@@ -1,14 +1,19 @@
 /** The model engines a server starts with, and their warm-up (--warm), begun before the HTTP side is even loaded. */
-import { defaultHfCache, EnginePool, findBaseModel, probeDevice, Tokenizers, warmTrainingLoop, type GraphBuildEvent } from '../models/index.js';
+import { defaultHfCache, EnginePool, findBaseModel, probeDevice, Tokenizers, warmTrainerCode, type GraphBuildEvent } from '../models/index.js';
 import { cacheDirOption } from './cache-dir.js';
 import { ConfigError, type ServerOptions } from './config.js';
 
 /** The log line of a graph kind's first build, for a person waiting on it. */
 export function graphBuildLine(e: GraphBuildEvent): string {
   const rows = e.mixed ? ' for rows of several runs' : '';
+  const seconds = ((e.ms ?? 0) / 1000).toFixed(1);
+  if (e.ahead)
+    return e.phase === 'start'
+      ? `${e.model}: building the '${e.kind}' graph (warm-up)`
+      : `${e.model}: '${e.kind}' graph ready (${seconds} s to build, ahead of its first use)`;
   return e.phase === 'start'
     ? `${e.model}: building the '${e.kind}' graph${rows} (first use; a moment)`
-    : `${e.model}: '${e.kind}' graph${rows} ready (${((e.ms ?? 0) / 1000).toFixed(1)} s with its first run)`;
+    : `${e.model}: '${e.kind}' graph${rows} ready (${seconds} s with its first run)`;
 }
 
 /** Where the warm-up's lines go: the server's log once it exists, held until then. */
@@ -64,14 +69,15 @@ export async function prepareEngines(
 }
 
 /**
- * Starts building and running each model's graphs once (ModelEngine.warmUp), then the trainer's code and the
- * stop-string decoder; a failure is logged, never fatal: the first request would build them again. The
- * engine's graph runs happen on its worker thread, so they go on while this thread loads and starts the server.
+ * Starts building each model's graphs (ModelEngine.warmUp, on the engine's worker thread, so they build while
+ * this thread loads and starts the server), then, once the server listens, loads the stop-string decoder and
+ * runs the trainer's code that needs no graph (warmTrainerCode) on this thread meanwhile. A failure is logged,
+ * never fatal: the first request would build them again.
  */
 export function warmEngines(engines: EnginePool, models: string[]): EnginesWarming {
   const held: [keyof WarmUpLog, string][] = [];
   let log: WarmUpLog = { info: (m) => held.push(['info', m]), warn: (m) => held.push(['warn', m]) };
-  let stopped = false;
+  const stopping = new AbortController();
   // Told from the start: the first builds happen before the server's log exists.
   const unlisten = engines.onGraphBuild((e) => log.info(graphBuildLine(e)));
   let firstOver = () => {};
@@ -87,23 +93,21 @@ export function warmEngines(engines: EnginePool, models: string[]): EnginesWarmi
     for (const model of models) {
       const started = performance.now();
       try {
-        const isStopped = () => stopped;
         const engine = engines.get(model);
-        // The graphs build and run on the engine's worker while this thread loads the decoder and runs the
-        // trainer's code (its graph runs take turns with the graphs' warm-up).
         await Promise.all([
-          engine.warmUp(isStopped),
+          engine.warmUp(stopping.signal),
           (async () => {
             await listened;
+            if (stopping.signal.aborted) return;
             // Stop strings are matched on decoded text: the decoder is loaded now too, not in a client's first sample.
-            if (!stopped) engines.sampleCodec(model).decode([0]);
-            await warmTrainingLoop(engine, isStopped);
+            engines.sampleCodec(model).decode([0]);
+            warmTrainerCode(engine);
           })(),
         ]);
-        if (stopped) return;
+        if (stopping.signal.aborted) return;
         log.info(`${model}: engine warm (--warm) in ${((performance.now() - started) / 1000).toFixed(1)} s`);
       } catch (err) {
-        if (stopped) return;
+        if (stopping.signal.aborted) return;
         log.warn(`${model}: warming the engine failed (its first request builds it instead): ${(err as Error).message}`);
       } finally {
         firstOver();
@@ -115,7 +119,7 @@ export function warmEngines(engines: EnginePool, models: string[]): EnginesWarmi
     done,
     firstDone,
     stop: () => {
-      stopped = true;
+      stopping.abort();
       // A start that fails never listens: this thread's part must still end, or `done` would never settle.
       listening();
       unlisten();

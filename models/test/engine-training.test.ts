@@ -226,33 +226,4 @@ describe('loss configuration', () => {
       /needs loss_fn_inputs.logprobs/,
     );
   });
-
-  it('forwardEach gives each loss what forward gives, from one engine pass for losses scoring the same positions', async () => {
-    const tokens = [5, 9, 14, 3, 7, 21, 8, 2];
-    const rollout = {
-      tokens,
-      targetTokens: null,
-      weights: null,
-      logprobs: Float32Array.from(tokens, (_, i) => (i < 4 ? 0 : -1.25 - i / 10)),
-      advantages: Float32Array.from(tokens, (_, i) => (i < 4 ? 0 : i % 2 ? 0.5 : -0.25)),
-    };
-    const losses = ['importance_sampling', 'ppo', 'cispo', 'dro', 'dppo'] as const;
-    const trainer = new LoraTrainer(engine, 4, 8, 'forward-each');
-    const passes: unknown[] = [];
-    const forward = engine.forward.bind(engine);
-    const counting = Object.assign(Object.create(engine), {
-      forward: (...args: Parameters<typeof forward>) => {
-        passes.push(1);
-        return forward(...args);
-      },
-    });
-    const each = await new LoraTrainer(counting, 4, 8, 'forward-each').forwardEach([rollout], [...losses], {});
-    expect(passes).toHaveLength(1);
-    for (const [i, loss] of losses.entries()) {
-      const one = await trainer.forward([rollout], loss, {});
-      expect(each[i]!.loss, loss).toBe(one.loss);
-      expect(each[i]!.metrics, loss).toEqual(one.metrics);
-      expect(each[i]!.logprobs, loss).toEqual(one.logprobs);
-    }
-  });
 });

@@ -241,9 +241,9 @@ describe('the loops-mock command', () => {
       has(new RegExp(`Sampler ${run.sampler.id} is ACTIVE`));
       has(new RegExp(`Sampler ${run.sampler.id} replica 0: policy version 0 live`));
       has(new RegExp(`Run ${run.id} INACTIVE: deactivated`));
-      // The first forward builds its graph: a person waiting on it is told, and told when it is done.
-      has(/Qwen\/Qwen3\.5-2B: building the 'forward' graph \(first use/);
-      has(/Qwen\/Qwen3\.5-2B: 'forward' graph ready \([\d.]+ s/);
+      // The warm-up builds the forward graph before the first forward: a person waiting on a start is told, and told when it is done.
+      has(/Qwen\/Qwen3\.5-2B: building the 'forward' graph \(warm-up\)/);
+      has(/Qwen\/Qwen3\.5-2B: 'forward' graph ready \([\d.]+ s to build, ahead of its first use\)/);
       if (format === 'pretty') expect(lines.find((l) => l.includes('/v1/loops/sessions 200'))).toMatch(/^\d\d:\d\d:\d\d\.\d{3} INFO {2}POST/);
     }
   }, 60_000);
