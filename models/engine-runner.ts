@@ -65,8 +65,8 @@ export class WorkerRunner implements Runner {
 
   async prebuild(kinds: readonly GraphKind[], told?: PrebuildListener, signal?: AbortSignal): Promise<void> {
     if (signal?.aborted) return;
-    const id = this.nextId;
-    const building = this.call({ prebuild: [...kinds] }, told);
+    const id = this.nextId++;
+    const building = this.call({ prebuild: [...kinds] }, told, id);
     this.prebuilds.add(id);
     const stop = () => this.stopPrebuild(id);
     signal?.addEventListener('abort', stop, { once: true });
@@ -104,10 +104,10 @@ export class WorkerRunner implements Runner {
     return this.closing;
   }
 
-  private call(msg: { run?: RunRequest; prebuild?: GraphKind[] }, told?: PrebuildListener): Promise<Record<string, Feed>> {
+  /** Sends one call; `id` given by a caller that must know it first (a prebuild it may stop). */
+  private call(msg: { run?: RunRequest; prebuild?: GraphKind[] }, told?: PrebuildListener, id = this.nextId++): Promise<Record<string, Feed>> {
     if (this.closing) return Promise.reject(new Error('The model engine is closed (the server is shutting down).'));
     const worker = this.start();
-    const id = this.nextId++;
     return new Promise((resolve, reject) => {
       this.pending.set(id, { resolve, reject, told });
       if (this.pending.size === 1) worker.ref();

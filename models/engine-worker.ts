@@ -1,23 +1,27 @@
 import { parentPort, workerData } from 'node:worker_threads';
 import { GraphRunner } from './graph-runner.js';
-import type { RunnerConfig, RunRequest } from './runner-protocol.js';
+import type { PrebuildListener, RunnerConfig, RunRequest } from './runner-protocol.js';
 
 /** The worker thread of one ModelEngine: builds the base weights and runs graphs off the server's thread. */
 const runner = new GraphRunner(workerData as RunnerConfig);
 
-/** Prebuild calls told to stop (the engine closing, or its warm-up stopped): each ends before its next build. */
-const stopped = new Set<number>();
+/** Prebuild calls under way and not told to stop (the engine closing, or its warm-up stopped, takes one out). */
+const underWay = new Set<number>();
 
 parentPort!.on('message', async (msg: { id: number; prebuild?: RunRequest['kind'][]; stopPrebuild?: number; run?: RunRequest }) => {
   if (msg.stopPrebuild !== undefined) {
-    stopped.add(msg.stopPrebuild);
+    underWay.delete(msg.stopPrebuild);
     return;
   }
   try {
     if (msg.prebuild) {
-      const told = (kind: RunRequest['kind'], phase: 'start' | 'done', ms?: number) => parentPort!.postMessage({ id: msg.id, building: { kind, phase, ms } });
-      await runner.prebuild(msg.prebuild, told, () => stopped.has(msg.id));
-      stopped.delete(msg.id);
+      const told: PrebuildListener = (kind, phase, ms) => parentPort!.postMessage({ id: msg.id, building: { kind, phase, ms } });
+      underWay.add(msg.id);
+      try {
+        await runner.prebuild(msg.prebuild, told, () => !underWay.has(msg.id));
+      } finally {
+        underWay.delete(msg.id);
+      }
       parentPort!.postMessage({ id: msg.id, outputs: {} });
       return;
     }

@@ -57,7 +57,7 @@ interface StartupOptions {
   batchRuns: boolean;
   /** Model name → a tokenizer.json (or its folder) to use instead of the built-in one. */
   tokenizers: Record<string, string>;
-  /** Base models whose engine is built and run once in the background at start. */
+  /** Base models whose engine's graphs are built in the background at start. */
   warmModels: string[];
   /** Serve the admin API under /_mock/. */
   admin: boolean;
@@ -322,7 +322,7 @@ const ENGINE_AND_ADMIN_ROWS: StartupRowSpecs<Exclude<StartupKey, keyof typeof LI
     flag: 'warm',
     default: ['Qwen/Qwen3.5-2B'],
     shown: 'Qwen/Qwen3.5-2B',
-    help: "MODEL[,MODEL...]: base models whose engine is built and run once in the background at start, so that a client's first step costs what its later ones do (about 150 MB resident each); none: no model",
+    help: "MODEL[,MODEL...]: base models whose engine's graphs are built in the background at start, so that a client's first step costs what its later ones do (about 150 MB resident each); none: no model",
     parse: parseWarmModels,
   },
   admin: {

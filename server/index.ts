@@ -183,8 +183,8 @@ export async function startWithOptions(options: ServerOptions, extras: StartExtr
   // Set once the background warm-up (--warm) is over, however it ended; /healthz tells it.
   let warm = false;
   // Begun before the app is built (the command line begins it before even loading this module): the engine's
-  // graphs build on its worker thread meanwhile. Requests that come early queue on the engine behind at most one
-  // warm-up run (models/engine-warm-up.ts).
+  // graphs build on its worker thread meanwhile. Requests that come early run in between those builds
+  // (models/engine-warm-up.ts).
   const warming = extras.warming ?? warmEngines(engines, options.warmModels);
   const warmed = warming.done.finally(() => {
     warm = true;
