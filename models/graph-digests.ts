@@ -7,7 +7,8 @@
  */
 import { createHash } from 'node:crypto';
 import { FAMILY_VOCAB } from './registry.js';
-import { buildGraph, DEFAULT_DIMS, type GraphKind, type ModelDims } from './transformer.js';
+import { DEFAULT_DIMS, type GraphKind, type ModelDims } from './transformer.js';
+import { buildGraph } from './transformer-graphs.js';
 
 /** What a graph is built from (buildGraph's arguments, as the runner gives them). */
 export interface GraphSpec {

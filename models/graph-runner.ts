@@ -17,7 +17,8 @@ import {
 } from './runner-protocol.js';
 import { versionKey } from './lora.js';
 import { SideBySide, type Member } from './side-by-side.js';
-import { baseWeights, buildGraph, buildMergeGraph, DECODE_KINDS, layerSites, loraSites, MIXED_SLOTS, type GraphKind, type LoraSite } from './transformer.js';
+import { baseWeights, DECODE_KINDS, layerSites, loraSites, MIXED_SLOTS, type GraphKind, type LoraSite } from './transformer.js';
+import { buildGraph, buildMergeGraph } from './transformer-graphs.js';
 
 /** Adapters laid side by side, and the feeds that depend on them alone (not on the rows) as onnxruntime's tensors. */
 interface Layout {

@@ -10,7 +10,8 @@ import { graphDigest } from './graph-digests.js';
 import { sessionOptions } from './graph-runner.js';
 import { OptimizedModels } from './optimized-models.js';
 import { FAMILY_VOCAB } from './registry.js';
-import { buildGraph, DEFAULT_DIMS } from './transformer.js';
+import { DEFAULT_DIMS } from './transformer.js';
+import { buildGraph } from './transformer-graphs.js';
 
 /**
  * Run by the package's build: each built-in family's warm-up graphs, plain and with the unembedding merged (a

@@ -6,7 +6,8 @@ import { WARM_UP_KINDS } from '../engine-warm-up.js';
 import { builtInGraphSpecs, graphDigest, graphDigests, graphSpecKey } from '../graph-digests.js';
 import { GraphRunner } from '../graph-runner.js';
 import { FAMILY_VOCAB } from '../registry.js';
-import { buildGraph, DEFAULT_DIMS, type ModelDims } from '../transformer.js';
+import { DEFAULT_DIMS, type ModelDims } from '../transformer.js';
+import { buildGraph } from '../transformer-graphs.js';
 
 // Issue 29: a session whose optimized graph is kept is made without building the graph, from digests the build
 // writes into the bundle beside the code that builds the graphs.

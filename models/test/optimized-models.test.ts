@@ -8,7 +8,8 @@ import { ModelEngine } from '../engine.js';
 import { freshAdapter } from '../lora.js';
 import { graphDigest } from '../graph-digests.js';
 import { OPTIMIZED_MODEL_ENTRIES, OptimizedModels, optimizedModelKey } from '../optimized-models.js';
-import { buildGraph, DEFAULT_DIMS, type ModelDims } from '../transformer.js';
+import { DEFAULT_DIMS, type ModelDims } from '../transformer.js';
+import { buildGraph } from '../transformer-graphs.js';
 
 // Issue 29: onnxruntime's optimized graphs kept between processes; an entry that is damaged, or one onnxruntime
 // will not load, is detected and made again, never used.
