@@ -13,6 +13,7 @@ import { startEngines, type EnginesWarming } from './engine-warm-up.js';
 import { defaultCaDir, LocalCa } from './proxy/ca.js';
 import { asksForHelp, parseFlags, type FlagDefinition } from './parse-flags.js';
 import { startRecorder } from './record/recorder.js';
+import { holdSignals } from './signal-handover.js';
 import { LOOPS_API_VERSION, VERSION } from './version.js';
 
 const RECORD_USAGE = `Usage: loops-mock record --upstream URL --out DIR [--flow NAME] [--port N] [--host H]
@@ -205,15 +206,8 @@ async function main(argv: string[]): Promise<void> {
   let stopping = false;
   // The server listens before its ready line (which waits for the warm-up): a signal meanwhile stops it gracefully
   // once started, rather than ending the process outright.
-  let early: string | undefined;
-  const stopEarly = (signal: string) => {
-    early ??= signal;
-  };
-  process.on('SIGTERM', stopEarly);
-  process.on('SIGINT', stopEarly);
+  const signals = holdSignals();
   const server = await startWithOptions(options, { warming, warmBy: WARM_BY_MS, onParentGone: () => stop('its parent process gone') });
-  process.off('SIGTERM', stopEarly);
-  process.off('SIGINT', stopEarly);
   logMemorySettings(server.app.log);
   const lines = Object.entries(server.env).map(([k, v]) => `${k}=${v}`);
   const notes = [`# loops-mock ${VERSION} listening on ${server.url}${options.dataDir ? `, state in ${options.dataDir}` : ', state in memory'}`];
@@ -235,9 +229,9 @@ async function main(argv: string[]): Promise<void> {
     notes.push(
       `# admin API at ${server.url}/_mock/${options.adminToken ? ' (Authorization: Bearer <admin token>)' : ''}; clock ${options.clockMode}${options.scenario ? `; scenario ${options.scenario} applied` : ''}`,
     );
-  // Handlers first: a client that reads the variables and stops the server at once gets a graceful stop.
-  process.on('SIGTERM', () => stop('SIGTERM'));
-  process.on('SIGINT', () => stop('SIGINT'));
+  // Before the variables: a client that reads them and stops the server at once gets a graceful stop.
+  signals.handTo(stop);
+  const early = signals.early();
   if (early) stop(early);
   process.stdout.write(`${lines.join('\n')}\n${notes.join('\n')}\n`);
   // After the ready line: what the client waits for comes first.
