@@ -17,6 +17,18 @@ const MMAP_THRESHOLD = '1048576';
 /** Set in the child: it runs the server whatever its settings turned out to be (never a chain of children). */
 const LAUNCHED = 'LOOPS_MOCK_LAUNCHED';
 
+/**
+ * Whether these arguments start a server (`serve`, the default command) that warms an engine: not another command,
+ * help or the version, nor `--warm none` (a first engine may come minutes later; its own worker starts then).
+ */
+function startsServer(args, env) {
+  if (args.some((a) => a === '--help' || a === '-h' || a === '--version')) return false;
+  const warm = args.findLastIndex((a) => a === '--warm' || a.startsWith('--warm='));
+  const warmed = warm < 0 ? env.LOOPS_MOCK_WARM : args[warm].startsWith('--warm=') ? args[warm].slice(7) : args[warm + 1];
+  if (warmed === 'none') return false;
+  return args[0] === undefined || args[0] === 'serve' || args[0].startsWith('-');
+}
+
 const settled = typeof globalThis.gc === 'function' && process.env.MALLOC_MMAP_THRESHOLD_ !== undefined;
 if (settled || process.env[LAUNCHED] === '1') {
   if (process.env[LAUNCHED] === '1' && process.send) {
@@ -27,6 +39,8 @@ if (settled || process.env[LAUNCHED] === '1') {
   // Before the server's modules load: on Node 22.1+ a later start reads their compiled code (server/cache-dir.ts).
   const { enableNodeCompileCache } = await import('../dist/server/cache-dir.js');
   enableNodeCompileCache(process.argv.slice(2));
+  // A server's engine worker starts now, its own start overlapping the server's load (models/engine-prestart.ts).
+  if (startsServer(process.argv.slice(2), process.env)) (await import('../dist/bundle/engine-prestart.js')).prestartEngineWorker();
   // The server as one file (scripts/build-if-stale.mjs): its modules one by one load about a quarter of a second slower.
   await import('../dist/bundle/cli.js');
 } else {

@@ -1,5 +1,5 @@
-import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
+import { engineWorkerFile, takeEngineWorker } from './engine-prestart.js';
 import type { GraphRunner } from './graph-runner.js';
 import { LruMap } from './lru.js';
 import { ADAPTER_CACHE_SIZE, type Feed, type PrebuildListener, type RunnerConfig, type RunRequest } from './runner-protocol.js';
@@ -133,10 +133,9 @@ export class WorkerRunner implements Runner {
 
   private start(): Worker {
     if (this.worker) return this.worker;
-    // From source (tests, tsx) the worker is TypeScript and starts through tsx's loader; built, it is plain JavaScript.
-    const fromSource = import.meta.url.endsWith('.ts');
-    const file = fileURLToPath(new URL(fromSource ? './engine-worker-source.mjs' : './engine-worker.js', import.meta.url));
-    const worker = new Worker(file, { workerData: this.config });
+    // The command line's worker, started as the process started, when one is waiting (engine-prestart.ts).
+    const file = engineWorkerFile();
+    const worker = takeEngineWorker(file, this.config) ?? new Worker(file, { workerData: this.config });
     worker.unref();
     worker.on('message', (msg: WorkerReply) => {
       const p = this.pending.get(msg.id);

@@ -38,6 +38,8 @@ async function bundleCommand() {
     entryPoints: {
       cli: join(root, 'dist', 'server', 'cli.js'),
       'engine-worker': join(root, 'dist', 'models', 'engine-worker.js'),
+      // The launcher starts the engine's worker before loading the server (models/engine-prestart.ts).
+      'engine-prestart': join(root, 'dist', 'models', 'engine-prestart.js'),
     },
     outdir: out,
     bundle: true,
